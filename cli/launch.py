@@ -1,0 +1,218 @@
+"""Start Flower processes on loopback, run an app with ``flwr run``, clean up.
+
+Used by ``fedhet simulate`` (the README's run command), the end-to-end tests and the
+benchmarks, so they all exercise exactly what a user runs. Every process is started
+in its own process group and the whole group is killed on exit; the run's real
+status is read back with ``flwr list`` (``flwr run --stream`` exits 0 on failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+Scalar = bool | int | float | str
+
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+"""Environment every Flower process of ours gets (see README, "Environment")."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flower_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FLOWER_ENV)
+    env["FLWR_HOME"] = str(flwr_home)
+    env.update(extra or {})
+    return env
+
+
+class Processes:
+    """Processes started in their own groups; :meth:`stop_all` kills every group."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env, self.log_dir = env, log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, cmd: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        proc = subprocess.Popen(cmd, env=self.env, cwd=cwd, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop(name)
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None,
+              context: object | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was up")
+        try:
+            with urllib.request.urlopen(url, timeout=1, context=context):  # type: ignore[arg-type]
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} not up after {timeout:.0f} s")
+
+
+def write_connection(flwr_home: Path, name: str, address: str, *,
+                     root_certificates: Path | None = None) -> None:
+    """Add (or replace) a SuperLink connection in ``$FLWR_HOME/config.toml``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    text = path.read_text() if path.exists() else '[superlink]\ndefault = "local"\n\n' \
+        '[superlink.local]\naddress = ":local:"\n'
+    text = re.sub(rf"\n\[superlink\.{re.escape(name)}\]\n(?:[^\[].*\n?)*", "\n", text)
+    block = f'\n[superlink.{name}]\naddress = "{address}"\n'
+    block += (f'root-certificates = "{root_certificates}"\n' if root_certificates
+              else "insecure = true\n")
+    path.write_text(text.rstrip("\n") + "\n" + block)
+
+
+def toml_value(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)
+
+
+def write_run_config(overrides: Mapping[str, Scalar], directory: Path) -> Path:
+    """Overrides as a TOML file for ``flwr run --run-config FILE.toml``."""
+    path = directory / "run-config.toml"
+    path.write_text("".join(f'"{k}" = {toml_value(v)}\n' for k, v in overrides.items()))
+    return path
+
+
+def run_status(env: dict[str, str], conn: str, run_id: int, cwd: Path) -> str:
+    """The run's status string as ``flwr list`` reports it (e.g. finished:completed)."""
+    out = subprocess.run(["flwr", "list", conn, "--run-id", str(run_id), "--format", "json"],
+                         env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    try:
+        runs = json.loads(out.stdout)["runs"]
+        return str(runs[0]["status"])
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({out.stdout.strip()[:200]} {out.stderr.strip()[:200]})"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to one ``flwr run``."""
+
+    run_id: int | None
+    status: str
+    log_path: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+
+def stream_run(cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path,
+               echo: Callable[[str], None] | None, timeout: float) -> int | None:
+    """Run ``flwr run ... --stream``, log everything, echo lines; return the run id."""
+    run_id = None
+    deadline = time.monotonic() + timeout
+    with log_path.open("a") as log, subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    ) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if run_id is None and (m := re.search(r"run (\d+)", line)):
+                    run_id = int(m.group(1))
+                if echo is not None:
+                    echo(line.rstrip("\n"))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"flwr run exceeded {timeout:.0f} s")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return run_id
+
+
+@contextlib.contextmanager
+def simulation_superlink(flwr_home: Path, extra_env: Mapping[str, str] | None = None
+                         ) -> Iterator[tuple[str, dict[str, str], Processes]]:
+    """A simulation SuperLink on free loopback ports; yields (connection, env, procs)."""
+    env = flower_env(flwr_home, extra_env)
+    procs = Processes(env, flwr_home / "logs")
+    control, http = free_port(), free_port()
+    conn = f"fedhet-sim-{control}"
+    try:
+        sl = procs.start("superlink", [
+            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+            "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1",
+            "--port", str(http), "--disable-runtime-dependency-installation",
+        ])
+        wait_http(f"http://127.0.0.1:{http}/health", 60, sl)
+        write_connection(flwr_home, conn, f"127.0.0.1:{control}")
+        yield conn, env, procs
+    finally:
+        procs.stop_all()
+
+
+def run_simulation(app_dir: Path, overrides: Mapping[str, Scalar], *,
+                   num_supernodes: int, cpus_per_client: int = 1,
+                   flwr_home: Path | None = None, timeout: float = 3600,
+                   echo: Callable[[str], None] | None = None,
+                   extra_env: Mapping[str, str] | None = None) -> RunOutcome:
+    """``flwr run app_dir`` as a local simulation on its own SuperLink; clean up after."""
+    app_dir = Path(app_dir).resolve()
+    home = Path(flwr_home or app_dir / ".flwr").resolve()
+    with tempfile.TemporaryDirectory() as tmp, \
+            simulation_superlink(home, extra_env) as (conn, env, _):
+        log_path = home / "logs" / f"{conn}.run.log"
+        cmd = ["flwr", "run", str(app_dir), conn, "--stream",
+               "--federation-config",
+               f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"]
+        if overrides:
+            cmd += ["--run-config", str(write_run_config(overrides, Path(tmp)))]
+        run_id = stream_run(cmd, env, app_dir, log_path, echo, timeout)
+        status = run_status(env, conn, run_id, app_dir) if run_id else "not started"
+        return RunOutcome(run_id, status, log_path)

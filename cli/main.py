@@ -1,0 +1,140 @@
+"""``fedhet`` command line: simulate, partition, report."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from common.config import ConfigError, Scalar, flatten, parse_run_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="fedhet: model-heterogeneous personalized FL on Flower.")
+
+APP_DIR = Path(__file__).resolve().parent.parent
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Scalar]:
+    """``["data.alpha=0.5", "algorithm='fedre'"]`` -> typed values (TOML syntax)."""
+    out: dict[str, Scalar] = {}
+    for pair in pairs:
+        for item in pair.split():
+            key, eq, raw = item.partition("=")
+            if not eq:
+                raise typer.BadParameter(f"'{item}' is not key=value")
+            try:
+                out[key] = tomllib.loads(f"v = {raw}")["v"]
+            except tomllib.TOMLDecodeError:
+                out[key] = raw.strip("'\"")
+    return out
+
+
+def _defaults() -> dict[str, Scalar]:
+    doc = tomllib.loads((APP_DIR / "pyproject.toml").read_text())
+    return dict(_flat_toml(doc["tool"]["flwr"]["app"]["config"]))
+
+
+def _flat_toml(table: dict, prefix: str = ""):  # type: ignore[no-untyped-def]
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _flat_toml(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def config_from(pairs: list[str]):  # type: ignore[no-untyped-def]
+    """pyproject defaults + overrides, validated (exit 2 with one line on error)."""
+    overrides = parse_overrides(pairs)
+    try:
+        return parse_run_config({**_defaults(), **overrides}), overrides
+    except ConfigError as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+RunConfigOpt = Annotated[list[str], typer.Option(
+    "--run-config", "-c", help="key=value overrides, as for `flwr run --run-config`.")]
+
+
+@app.command()
+def simulate(
+    run_config: RunConfigOpt = [],  # noqa: B006
+    num_supernodes: Annotated[int, typer.Option(help="Simulated clients.")] = 20,
+    cpus_per_client: Annotated[int, typer.Option(help="Ray CPUs per ClientApp.")] = 1,
+    verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
+) -> None:
+    """`flwr run .` as a local simulation; prints one line per round, exits 1 on failure."""
+    from cli.launch import run_simulation
+
+    cfg, overrides = config_from(run_config)
+
+    def echo(line: str) -> None:
+        if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:
+            typer.echo(line)
+
+    outcome = run_simulation(APP_DIR, overrides, num_supernodes=num_supernodes,
+                             cpus_per_client=cpus_per_client, echo=echo)
+    typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def partition(
+    run_config: RunConfigOpt = [],  # noqa: B006
+    num_partitions: Annotated[int, typer.Option("--num-partitions", "-n")] = 20,
+    heatmap: Annotated[Path, typer.Option(help="Where to write the PNG heatmap.")] = Path(
+        "partition.png"),
+    export: Annotated[Path | None, typer.Option(
+        help="Also write the partition in the clients-npz layout to this folder.")] = None,
+) -> None:
+    """Print per-client sample and class counts of a data config; draw a heatmap."""
+    from cli.partition_view import heatmap_png, table
+    from data import export_partition, partition_summary, prepare_partition
+
+    cfg, _ = config_from(run_config)
+    try:
+        path = prepare_partition(cfg.data, num_partitions, cfg.seed)
+    except ConfigError as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(2) from None
+    summary = partition_summary(path)
+    typer.echo(table(summary))
+    heatmap_png(summary, heatmap, title=_data_title(cfg))
+    typer.echo(f"heatmap: {heatmap}")
+    if export is not None:
+        export_partition(cfg.data, num_partitions, cfg.seed, export)
+        typer.echo(f"exported clients-npz layout to {export} "
+                   f"(run it with data.name='clients-npz' data.root='{export}')")
+
+
+def _data_title(cfg) -> str:  # type: ignore[no-untyped-def]
+    d = flatten(cfg.data, "data.")
+    keys = ("data.name", "data.partition", "data.alpha", "data.fraction")
+    return " ".join(f"{k.removeprefix('data.')}={d[k]}" for k in keys) + f" seed={cfg.seed}"
+
+
+@app.command()
+def report(
+    results: Annotated[list[Path], typer.Argument(help="results.json files.")],
+    plot: Annotated[Path, typer.Option(help="Accuracy-vs-round PNG.")] = Path("accuracy.png"),
+    title: Annotated[str, typer.Option()] = "",
+) -> None:
+    """Markdown table (seed-only differences folded into mean ± std) and one plot."""
+    from common.report import Run, markdown_table, plot_accuracy
+
+    try:
+        runs = [Run.load(p) for p in results]
+    except ValueError as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(markdown_table(runs))
+    plot_accuracy(runs, plot, title=title)
+    typer.echo(f"\nplot: {plot}")
+
+
+def main() -> None:  # pragma: no cover
+    app(sys.argv[1:])

@@ -1,0 +1,70 @@
+"""fedhet ClientApp: ``query.profile`` plus ``train.<algo>`` / ``evaluate.<algo>``."""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client_app.base import ClientHook, open_run, profile_record
+from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
+from common.records import to_record, to_torch
+
+HOOKS: dict[str, ClientHook] = {h.name: h for h in (LocalHook(), FedAvgHook(), LGFedAvgHook())}
+
+app = ClientApp()
+
+
+@app.query("profile")
+def profile(msg: Message, context: Context) -> Message:
+    """Tell the server who this node is (partition, architecture, data sizes)."""
+    return Message(RecordDict({"profile": ConfigRecord(profile_record(context))}),
+                   reply_to=msg)
+
+
+def _round(msg: Message) -> int:
+    return int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
+
+
+def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
+    """Install the server's arrays, train, upload, keep the personal model."""
+    run = open_run(context, _round(msg))
+    hook.install(run, to_torch(msg.content["arrays"]))
+    stats = hook.train(run)
+    upload = hook.upload(run)
+    run.save()
+    metrics = MetricRecord({
+        "num-examples": len(run.data.y_train),
+        "train-loss": stats.loss,
+        "train-time-s": stats.seconds,
+    })
+    return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}),
+                   reply_to=msg)
+
+
+def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
+    """Evaluate the personalized model (with what the server sent) on local test data."""
+    run = open_run(context, _round(msg))
+    hook.install(run, to_torch(msg.content["arrays"]))
+    stats = hook.evaluate(run)
+    metrics = MetricRecord({
+        "num-examples": stats.num_examples,
+        "correct": stats.correct,
+        "loss-sum": stats.loss_sum,
+        "accuracy": stats.accuracy,
+    })
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def _register(name: str, hook: ClientHook) -> None:
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(hook, msg, context)
+
+    def evaluate(msg: Message, context: Context) -> Message:
+        return handle_evaluate(hook, msg, context)
+
+    app.train(name)(train)
+    app.evaluate(name)(evaluate)
+
+
+for _name, _hook in HOOKS.items():
+    _register(_name, _hook)

@@ -1,0 +1,187 @@
+"""The client side every algorithm shares: node, data, personal model, one loop.
+
+An algorithm's client part is a :class:`ClientHook`: how it installs what the server
+sent, an optional extra loss term, and what it uploads. Everything else (which node
+this is, its data share, the personal model kept across rounds in
+``context.state``, seeding, the training loop) lives here once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, RecordDict
+from torch import Tensor
+
+from common.config import RunConfig, Scalar, parse_run_config
+from common.records import to_record, to_torch
+from data import ClientData, load_client_data
+from models import HetNet, arch_for_partition, build_model, natural_dim
+from models.train import EvalStats, ExtraLoss, SGDSettings, TrainStats, evaluate, train
+
+MODEL_KEY = "fedhet.model"
+"""``context.state`` key of the personal model's state dict."""
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_cached(items: tuple[tuple[str, Scalar], ...]) -> RunConfig:
+    return parse_run_config(dict(items))
+
+
+def run_config(context: Context) -> RunConfig:
+    """The validated run config (parsed once per process per distinct config)."""
+    return _parse_cached(tuple(sorted(context.run_config.items())))
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Who this node is: partition and architecture (node-config overrides)."""
+
+    partition_id: int
+    num_partitions: int
+    arch: str
+
+    @classmethod
+    def from_context(cls, cfg: RunConfig, node_config: Mapping[str, Scalar]) -> NodeSpec:
+        try:
+            pid = int(node_config["partition-id"])
+            num = int(node_config["num-partitions"])
+        except KeyError as exc:
+            raise ValueError(
+                f"node-config lacks {exc.args[0]!r}: start the SuperNode with "
+                "--node-config 'partition-id=<i> num-partitions=<n>'"
+            ) from None
+        if not 0 <= pid < num:
+            raise ValueError(f"node-config partition-id={pid} not in [0, {num})")
+        arch = str(node_config.get("model") or arch_for_partition(cfg.model.family, pid))
+        return cls(partition_id=pid, num_partitions=num, arch=arch)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (seed, round, partition, purpose...)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(2, np.uint64)[0] >> 1)
+
+
+@dataclass
+class ClientRun:
+    """Everything one message's handling needs."""
+
+    cfg: RunConfig
+    node: NodeSpec
+    data: ClientData
+    model: HetNet
+    state: RecordDict
+    server_round: int
+
+    def generator(self, purpose: int = 0) -> torch.Generator:
+        """A generator seeded by (seed, round, partition, purpose)."""
+        seed = derive_seed(self.cfg.seed, self.server_round, self.node.partition_id, purpose)
+        return torch.Generator().manual_seed(seed)
+
+    @property
+    def sgd(self) -> SGDSettings:
+        t = self.cfg.train
+        return SGDSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                           momentum=t.momentum, weight_decay=t.weight_decay)
+
+    def save(self) -> None:
+        """Persist the personal model for the next round."""
+        self.state[MODEL_KEY] = to_record(self.model.state_dict())
+
+
+def feature_dim(cfg: RunConfig) -> int:
+    return cfg.model.feature_dim or natural_dim(cfg.model.family)
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    want = cfg.train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(want)
+
+
+def open_run(context: Context, server_round: int) -> ClientRun:
+    """Config, node, data and the personal model (restored, or fresh and seeded)."""
+    cfg = run_config(context)
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    node = NodeSpec.from_context(cfg, context.node_config)
+    data = load_client_data(cfg.data, node.partition_id, node.num_partitions, cfg.seed)
+    model = build_model(
+        node.arch, in_channels=data.in_channels, num_classes=data.num_classes,
+        image_size=data.image_size, feature_dim=feature_dim(cfg),
+        small_stem=cfg.model.small_input_stem,
+        seed=derive_seed(cfg.seed, node.partition_id),
+    )
+    if MODEL_KEY in context.state.array_records:
+        model.load_state_dict(to_torch(context.state[MODEL_KEY]))
+    model.to(device_of(cfg))
+    return ClientRun(cfg, node, data, model, context.state, server_round)
+
+
+class ClientHook:
+    """One algorithm's client part. Defaults: install by name, CE training, no upload."""
+
+    name: ClassVar[str] = ""
+
+    def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
+        """Put the server's arrays into the personal model (by state-dict key)."""
+        if not arrays:
+            return
+        own = run.model.state_dict()
+        unknown = sorted(set(arrays) - set(own))
+        if unknown:
+            raise ValueError(f"server sent keys this model lacks: {unknown[:5]}")
+        for key, value in arrays.items():
+            if own[key].shape != value.shape:
+                raise ValueError(f"server sent '{key}' with shape {tuple(value.shape)}, "
+                                 f"model has {tuple(own[key].shape)}")
+        run.model.load_state_dict(arrays, strict=False)
+
+    def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
+        """A loss term added to cross-entropy (default: none)."""
+        return None
+
+    def train(self, run: ClientRun) -> TrainStats:
+        """Local training with the shared loop."""
+        return train(run.model, run.data.x_train, run.data.y_train, run.sgd,
+                     run.generator(), extra_loss=self.extra_loss(run))
+
+    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+        """What goes back to the server after training (default: nothing)."""
+        return {}
+
+    def evaluate(self, run: ClientRun) -> EvalStats:
+        """Personalized evaluation on the local test split."""
+        return evaluate(run.model, run.data.x_test, run.data.y_test)
+
+
+def profile_record(context: Context) -> dict[str, Scalar | list[int]]:
+    """This node's self-description for the server's ``query.profile``."""
+    run = open_run(context, server_round=0)
+    counts = [int(c) for c in run.data.train_class_counts]
+    return {
+        "partition-id": run.node.partition_id,
+        "arch": run.node.arch,
+        "num-train": len(run.data.y_train),
+        "num-test": len(run.data.y_test),
+        "num-classes": run.data.num_classes,
+        "feature-dim": run.model.feature_dim,
+        "class-counts": counts,
+        "in-channels": run.data.in_channels,
+        "image-size": run.data.image_size,
+        "small-stem": int(run.cfg.model.small_input_stem),
+    }
+
+
+def head_arrays(run: ClientRun) -> dict[str, Tensor]:
+    """The head's parameters by state-dict key."""
+    return {k: v for k, v in run.model.state_dict().items() if k.startswith("head.")}
+
+
+__all__ = ["ArrayRecord", "ClientHook", "ClientRun", "open_run", "profile_record"]

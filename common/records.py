@@ -1,0 +1,98 @@
+"""The one place where named tensors become Flower records and back.
+
+Arrays always travel by name (state-dict keys), never as positional lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, RecordDict
+
+Arrays = dict[str, np.ndarray]
+"""Named arrays as the server handles them (numpy, by state-dict key)."""
+
+
+def to_record(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> ArrayRecord:
+    """Wrap named tensors or arrays into an :class:`ArrayRecord` (CPU copies)."""
+    record = ArrayRecord()
+    for key, value in tensors.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        record[key] = Array(np.ascontiguousarray(value))
+    return record
+
+
+def to_numpy(record: ArrayRecord) -> Arrays:
+    """Named numpy arrays from an :class:`ArrayRecord`."""
+    return {key: arr.numpy() for key, arr in record.items()}
+
+
+def to_torch(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """Named torch tensors from an :class:`ArrayRecord`."""
+    return {key: torch.from_numpy(arr.numpy()) for key, arr in record.items()}
+
+
+def payload_bytes(record: ArrayRecord) -> int:
+    """Bytes of array contents in ``record``: Σ numel × itemsize (no framing)."""
+    return sum(
+        int(np.prod(arr.shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+        for arr in record.values()
+    )
+
+
+def content_bytes(content: RecordDict) -> int:
+    """Array payload bytes of every :class:`ArrayRecord` in a message's content."""
+    return sum(payload_bytes(rec) for rec in content.array_records.values())
+
+
+def shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """``{key: shape}`` of named arrays."""
+    return {key: tuple(value.shape) for key, value in arrays.items()}
+
+
+def invalid_reason(
+    arrays: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple[int, ...]] | None = None,
+) -> str | None:
+    """Why ``arrays`` must not be aggregated, or ``None`` when they are fine.
+
+    Checks, in order: the exact key set and shapes (when ``expected`` is given), a
+    numeric dtype, and that every floating value is finite.
+    """
+    if expected is not None:
+        missing = sorted(set(expected) - set(arrays))
+        extra = sorted(set(arrays) - set(expected))
+        if missing or extra:
+            return f"wrong keys (missing {missing[:3]}, unexpected {extra[:3]})"
+        for key, shape in expected.items():
+            if tuple(arrays[key].shape) != tuple(shape):
+                return f"wrong shape for '{key}': {arrays[key].shape} != {shape}"
+    for key, value in arrays.items():
+        if not np.issubdtype(value.dtype, np.number):
+            return f"non-numeric dtype {value.dtype} for '{key}'"
+        if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+            return f"non-finite values in '{key}'"
+    return None
+
+
+def weighted_mean(arrays: list[Arrays], weights: list[float]) -> Arrays:
+    """Σ_k w_k / Σw · arrays_k, key by key, in float64 then cast back.
+
+    Summation follows the order of ``arrays``; callers sort replies (by partition)
+    so the result does not depend on reply arrival order.
+    """
+    if not arrays:
+        raise ValueError("weighted_mean of no arrays")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to a positive number, got {total}")
+    out: Arrays = {}
+    for key, ref in arrays[0].items():
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for item, weight in zip(arrays, weights, strict=True):
+            acc += item[key].astype(np.float64) * (weight / total)
+        out[key] = acc.astype(ref.dtype)
+    return out

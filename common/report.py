@@ -1,0 +1,136 @@
+"""Tables and plots from ``results.json`` files (server app and ``fedhet report``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``results.json``, loaded."""
+
+    path: Path
+    config: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path) -> Run:
+        try:
+            doc = json.loads(Path(path).read_text())
+            return cls(Path(path), doc["config"], doc["rounds"], doc["summary"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"{path}: not a fedhet results.json ({exc})") from None
+
+    @property
+    def label(self) -> str:
+        return str(self.config.get("algorithm", self.path.parent.name))
+
+    def group_key(self) -> tuple[tuple[str, Any], ...]:
+        """Everything but ``seed`` and ``out-dir``: runs differing only in seed fold."""
+        return tuple(sorted((k, v) for k, v in self.config.items()
+                            if k not in ("seed", "out-dir")))
+
+    def curve(self) -> tuple[list[int], list[float]]:
+        pts = [(r["round"], r["accuracy"]) for r in self.rounds
+               if r.get("accuracy") is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    def per_client_round(self, key: str) -> float:
+        vals = [r[key] for r in self.rounds]
+        return statistics.fmean(vals) if vals else 0.0
+
+
+def _pm(values: Sequence[float], fmt: str = "{:.4f}") -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def group_runs(runs: Sequence[Run]) -> list[list[Run]]:
+    """Runs grouped by config without seed (order of first appearance)."""
+    groups: dict[tuple[tuple[str, Any], ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group_key(), []).append(run)
+    return list(groups.values())
+
+
+def distinguishing_label(group: list[Run], groups: list[list[Run]]) -> str:
+    """Algorithm name plus the config keys that set this group apart from others."""
+    base = group[0]
+    same_algo = [g[0] for g in groups if g[0].label == base.label and g is not group]
+    diffs = sorted({k for other in same_algo for k, v in base.config.items()
+                    if k not in ("seed", "out-dir") and other.config.get(k) != v})
+    extra = ", ".join(f"{k}={base.config[k]}" for k in diffs)
+    return f"{base.label} ({extra})" if extra else base.label
+
+
+def markdown_table(runs: Sequence[Run]) -> str:
+    """Algorithm, last/best accuracy, bytes per client per round, wall time."""
+    groups = group_runs(runs)
+    lines = [
+        "| algorithm | seeds | accuracy (last) | accuracy (best) | "
+        "up / client / round | down / client / round | wall time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for group in groups:
+        last = [r.summary["accuracy-last"] for r in group
+                if r.summary.get("accuracy-last") is not None]
+        best = [r.summary["accuracy-best"] for r in group
+                if r.summary.get("accuracy-best") is not None]
+        up = statistics.fmean(r.per_client_round("bytes-up-per-client") for r in group)
+        down = statistics.fmean(r.per_client_round("bytes-down-per-client") for r in group)
+        wall = [r.summary["wall-time-s"] for r in group]
+        lines.append(
+            f"| {distinguishing_label(group, groups)} | {len(group)} | "
+            f"{_pm(last) if last else '-'} | {_pm(best) if best else '-'} | "
+            f"{_fmt_bytes(up)} | {_fmt_bytes(down)} | {_pm(wall, '{:.0f}')} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    if n < 1024**2:
+        return f"{n / 1024:.1f} KB"
+    return f"{n / 1024**2:.2f} MB"
+
+
+def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
+    """One accuracy-vs-round plot; seed groups drawn as mean with a min–max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = group_runs(runs)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for group in groups:
+        curves = [r.curve() for r in group]
+        xs = curves[0][0]
+        n = min(len(c[1]) for c in curves)
+        if n == 0:
+            continue
+        ys = [[c[1][i] for c in curves] for i in range(n)]
+        mean = [statistics.fmean(v) for v in ys]
+        line = ax.plot(xs[:n], mean, label=distinguishing_label(group, groups))[0]
+        if len(group) > 1:
+            ax.fill_between(xs[:n], [min(v) for v in ys], [max(v) for v in ys],
+                            color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("personalized accuracy (Σcorrect/Σsamples)")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

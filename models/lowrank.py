@@ -1,0 +1,470 @@
+"""Low-rank factorisation of extractor layers (FedARA).
+
+A Linear weight ``W`` (``m x n``, stored ``[out, in]``) is approximated by
+``U V^T`` with ``U: m x r`` and ``V: n x r``. A square-kernel convolution weight
+``W`` of shape ``(c_out, c_in, k, k)`` is permuted to ``(c_out, k, c_in, k)`` and
+reshaped to the ``(c_out k) x (c_in k)`` matrix ``W'`` with
+``W'[o k + i, c k + j] = W[o, c, i, j]`` (``i`` vertical, ``j`` horizontal
+kernel index). ``W' ~ U V^T`` runs as a ``1 x k`` convolution ``c_in -> r`` built
+from ``V`` followed by a ``k x 1`` convolution ``r -> c_out`` built from ``U``.
+
+State-dict key scheme of a factorised layer ``L`` (relative to the extractor):
+
+* Linear: ``L.u`` ``[m, r]``, ``L.v`` ``[n, r]``, ``L.bias`` (unchanged name).
+* Conv: ``L.v_conv.weight`` ``(r, c_in, 1, k)`` with
+  ``[s, c, 0, j] = V[c k + j, s]``, ``L.u_conv.weight`` ``(c_out, r, k, 1)`` with
+  ``[o, s, i, 0] = U[o k + i, s]`` and ``L.u_conv.bias`` (maps back to ``L.bias``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "LowRankConv2d",
+    "LowRankLinear",
+    "conv_to_matrix",
+    "decompose",
+    "decompose_state",
+    "default_layers",
+    "eckart_young_error",
+    "factorisable_layers",
+    "factorise",
+    "factors_from_state",
+    "factors_to_state",
+    "layer_rank",
+    "lowrank_state_keys",
+    "matrix_to_conv",
+    "param_count",
+    "reconstruct",
+    "reconstruct_state",
+]
+
+
+def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (value[0], value[1])
+
+
+def _matrix_dims(shape: Sequence[int]) -> tuple[int, int]:
+    """Rows and columns of the matrix of a Linear or square-kernel conv weight."""
+    if len(shape) == 2:
+        return int(shape[0]), int(shape[1])
+    if len(shape) == 4:
+        if shape[2] != shape[3]:
+            raise ValueError(f"non-square conv kernel {tuple(shape)} is unsupported")
+        return int(shape[0] * shape[2]), int(shape[1] * shape[3])
+    raise ValueError(f"expected a 2-D or 4-D weight shape, got {tuple(shape)}")
+
+
+def conv_to_matrix(w: Tensor) -> Tensor:
+    """Reshape a conv weight ``(c_out, c_in, k, k)`` to ``(c_out k, c_in k)``."""
+    c_out, c_in, k, _ = w.shape
+    _matrix_dims(w.shape)
+    return w.permute(0, 2, 1, 3).reshape(c_out * k, c_in * k)
+
+
+def matrix_to_conv(m: Tensor, c_out: int, c_in: int, k: int) -> Tensor:
+    """Exact inverse of :func:`conv_to_matrix`."""
+    return m.reshape(c_out, k, c_in, k).permute(0, 2, 1, 3).contiguous()
+
+
+def _u_to_conv(u: Tensor, c_out: int, k: int) -> Tensor:
+    """``U [c_out k, r]`` -> ``u_conv`` weight ``(c_out, r, k, 1)``."""
+    return u.reshape(c_out, k, -1).permute(0, 2, 1).unsqueeze(3).contiguous()
+
+
+def _conv_to_u(weight: Tensor) -> Tensor:
+    """``u_conv`` weight ``(c_out, r, k, 1)`` -> ``U [c_out k, r]``."""
+    c_out, r, k, _ = weight.shape
+    return weight[..., 0].permute(0, 2, 1).reshape(c_out * k, r)
+
+
+def _v_to_conv(v: Tensor, c_in: int, k: int) -> Tensor:
+    """``V [c_in k, r]`` -> ``v_conv`` weight ``(r, c_in, 1, k)``."""
+    return v.reshape(c_in, k, -1).permute(2, 0, 1).unsqueeze(2).contiguous()
+
+
+def _conv_to_v(weight: Tensor) -> Tensor:
+    """``v_conv`` weight ``(r, c_in, 1, k)`` -> ``V [c_in k, r]``."""
+    r, c_in, _, k = weight.shape
+    return weight[:, :, 0, :].permute(1, 2, 0).reshape(c_in * k, r)
+
+
+class LowRankLinear(nn.Module):
+    """Linear layer ``x -> x V U^T + b`` with ``U: [m, r]``, ``V: [n, r]``, ``b: [m]``.
+
+    Parameters
+    ----------
+    in_features, out_features, rank : int
+        ``n``, ``m`` and the inner rank ``r``.
+    bias : bool, optional
+        Whether to learn the bias (default True).
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, rank: int, bias: bool = True
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.u = nn.Parameter(torch.empty(out_features, rank, dtype=torch.float32))
+        self.v = nn.Parameter(torch.empty(in_features, rank, dtype=torch.float32))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Random factors whose product has ``nn.Linear``'s default variance."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        factor_bound = math.sqrt(3.0) * (bound**2 / (3.0 * self.rank)) ** 0.25
+        nn.init.uniform_(self.u, -factor_bound, factor_bound)
+        nn.init.uniform_(self.v, -factor_bound, factor_bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank: int) -> LowRankLinear:
+        """Factorise ``linear`` at ``rank`` by :func:`decompose`."""
+        w = linear.weight
+        new = cls(w.shape[1], w.shape[0], rank, linear.bias is not None)
+        new.load_factors(*decompose(w.detach().cpu(), rank))
+        if new.bias is not None:
+            new.bias.data.copy_(linear.bias.detach())  # type: ignore[union-attr]
+        return new.to(device=w.device, dtype=w.dtype)
+
+    def load_factors(self, u: Tensor, v: Tensor) -> None:
+        """Copy ``U [m, r]`` and ``V [n, r]`` into the parameters."""
+        with torch.no_grad():
+            self.u.copy_(u)
+            self.v.copy_(v)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x @ self.v, self.u, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"rank={self.rank}, bias={self.bias is not None}"
+        )
+
+
+class LowRankConv2d(nn.Module):
+    """Conv ``k x k`` as ``v_conv`` (``1 x k``, ``c_in -> r``, no bias) then
+    ``u_conv`` (``k x 1``, ``r -> c_out``, with the bias).
+
+    ``v_conv`` takes the horizontal stride/padding/dilation, ``u_conv`` the
+    vertical ones; a string ``padding`` (``"same"``/``"valid"``) goes to both.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        rank: int,
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+    ) -> None:
+        super().__init__()
+        k, (sh, sw), (dh, dw) = kernel_size, _pair(stride), _pair(dilation)
+        if isinstance(padding, str):
+            pad_v: int | tuple[int, int] | str = padding
+            pad_u: int | tuple[int, int] | str = padding
+        else:
+            ph, pw = _pair(padding)
+            pad_v, pad_u = (0, pw), (ph, 0)
+        kw = {"padding_mode": padding_mode}
+        self.v_conv = nn.Conv2d(
+            in_channels, rank, (1, k), (sw, 1), pad_v, (1, dw), bias=False, **kw
+        )
+        self.u_conv = nn.Conv2d(
+            rank, out_channels, (k, 1), (sh, 1), pad_u, (dh, 1), bias=bias, **kw
+        )
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.rank = k, rank
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, rank: int) -> LowRankConv2d:
+        """Factorise ``conv`` (groups 1, square kernel) at ``rank``."""
+        if conv.groups != 1 or conv.kernel_size[0] != conv.kernel_size[1]:
+            raise ValueError(f"{conv} is not factorisable (groups or kernel)")
+        w = conv.weight
+        new = cls(
+            conv.in_channels, conv.out_channels, conv.kernel_size[0], rank,
+            conv.stride, conv.padding, conv.dilation,  # type: ignore[arg-type]
+            conv.bias is not None, conv.padding_mode,
+        )  # fmt: skip
+        new.load_factors(*decompose(w.detach().cpu(), rank))
+        if conv.bias is not None:
+            new.u_conv.bias.data.copy_(conv.bias.detach())  # type: ignore[union-attr]
+        return new.to(device=w.device, dtype=w.dtype)
+
+    def factor_u(self) -> Tensor:
+        """``U [c_out k, r]`` (differentiable function of ``u_conv.weight``)."""
+        return _conv_to_u(self.u_conv.weight)
+
+    def factor_v(self) -> Tensor:
+        """``V [c_in k, r]`` (differentiable function of ``v_conv.weight``)."""
+        return _conv_to_v(self.v_conv.weight)
+
+    def load_factors(self, u: Tensor, v: Tensor) -> None:
+        """Copy ``U [c_out k, r]`` and ``V [c_in k, r]`` into the conv weights."""
+        k = self.kernel_size
+        with torch.no_grad():
+            self.u_conv.weight.copy_(_u_to_conv(u, self.out_channels, k))
+            self.v_conv.weight.copy_(_v_to_conv(v, self.in_channels, k))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.u_conv(self.v_conv(x))
+
+
+def _check_ratio(ratio: float) -> None:
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"rank ratio must be in (0, 1], got {ratio}")
+
+
+def layer_rank(shape: tuple[int, ...], ratio: float) -> int:
+    """Rank ``max(1, round(ratio * min(rows, cols)))`` (halves round up).
+
+    ``shape`` is a Linear ``(m, n)`` or conv ``(c_out, c_in, k, k)`` weight shape;
+    rows and columns are those of its (reshaped) matrix; ``ratio`` in (0, 1].
+    """
+    _check_ratio(ratio)
+    rows, cols = _matrix_dims(shape)
+    return max(1, min(rows, cols, math.floor(ratio * min(rows, cols) + 0.5)))
+
+
+def _as_matrix(weight: Tensor) -> Tensor:
+    return weight if weight.dim() == 2 else conv_to_matrix(weight)
+
+
+def decompose(weight: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Balanced truncated SVD ``U = P_r S_r^1/2``, ``V = Q_r S_r^1/2`` (float32).
+
+    Parameters
+    ----------
+    weight : Tensor
+        Linear ``[m, n]`` or conv ``(c_out, c_in, k, k)`` weight.
+    rank : int
+        Target rank, ``1 <= rank <= min(rows, cols)``.
+
+    Returns
+    -------
+    tuple of Tensor
+        ``U [rows, rank]`` and ``V [cols, rank]`` with ``W' ~ U V^T``.
+    """
+    rows, cols = _matrix_dims(weight.shape)
+    if not 1 <= rank <= min(rows, cols):
+        raise ValueError(f"rank {rank} outside [1, {min(rows, cols)}]")
+    p, s, qt = torch.linalg.svd(
+        _as_matrix(weight.detach()).to(torch.float64), full_matrices=False
+    )
+    root = s[:rank].sqrt()
+    u = p[:, :rank] * root
+    v = qt[:rank].T * root
+    return u.to(torch.float32), v.to(torch.float32)
+
+
+def reconstruct(u: Tensor, v: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``U V^T`` brought back to the weight's original ``shape``."""
+    rows, cols = _matrix_dims(shape)
+    m = u @ v.T
+    if m.shape != (rows, cols):
+        raise ValueError(f"factors give {tuple(m.shape)}, expected {(rows, cols)}")
+    return m if len(shape) == 2 else matrix_to_conv(m, shape[0], shape[1], shape[2])
+
+
+def eckart_young_error(weight: Tensor, rank: int) -> float:
+    """SVD tail norm ``sqrt(sum_{i > rank} s_i^2)`` of the weight's matrix."""
+    s = torch.linalg.svdvals(_as_matrix(weight.detach()).to(torch.float64))
+    return float(s[rank:].square().sum().sqrt())
+
+
+def param_count(shape: tuple[int, ...], rank: int) -> int:
+    """Factor weights: ``r (m + n)`` for Linear, ``r k (c_in + c_out)`` for conv."""
+    rows, cols = _matrix_dims(shape)
+    return rank * (rows + cols)
+
+
+def _is_factorisable(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear):
+        return True
+    return (
+        isinstance(module, nn.Conv2d)
+        and module.groups == 1
+        and module.kernel_size[0] == module.kernel_size[1]
+    )
+
+
+def factorisable_layers(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Qualified name -> weight shape of every Linear / groups-1 square conv.
+
+    Layers inside already factorised modules are not listed.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    skip: list[str] = []
+    for name, sub in module.named_modules():
+        if any(name.startswith(prefix) for prefix in skip):
+            continue
+        if isinstance(sub, (LowRankLinear, LowRankConv2d)):
+            skip.append(name + ".")
+        elif _is_factorisable(sub):
+            out[name] = tuple(sub.weight.shape)  # type: ignore[union-attr]
+    return out
+
+
+def default_layers(extractor: nn.Module, count: int = 2) -> list[str]:
+    """The ``count`` largest factorisable layers, first conv excluded.
+
+    Size is the number of weight parameters; ties go to the earlier layer in
+    module order; the result is in module order.
+    """
+    layers = factorisable_layers(extractor)
+    first_conv = next((n for n, s in layers.items() if len(s) == 4), None)
+    names = [n for n in layers if n != first_conv]
+    order = {n: i for i, n in enumerate(names)}
+    ranked = sorted(names, key=lambda n: (-math.prod(layers[n]), order[n]))
+    return sorted(ranked[:count], key=order.__getitem__)
+
+
+def factorise(extractor: nn.Module, layers: Sequence[str], ratio: float) -> nn.Module:
+    """A deep copy of ``extractor`` with ``layers`` factorised at ``ratio``.
+
+    Each layer gets rank :func:`layer_rank` and factors from :func:`decompose`
+    of its current weight; ``ratio == 1`` returns an unmodified copy.
+    """
+    _check_ratio(ratio)
+    out = copy.deepcopy(extractor)
+    if ratio == 1.0:
+        return out
+    for name in layers:
+        old = out.get_submodule(name)
+        if not _is_factorisable(old):
+            raise ValueError(f"layer {name!r} ({old}) is not factorisable")
+        rank = layer_rank(tuple(old.weight.shape), ratio)  # type: ignore[union-attr]
+        if isinstance(old, nn.Linear):
+            new: nn.Module = LowRankLinear.from_linear(old, rank)
+        else:
+            new = LowRankConv2d.from_conv(old, rank)  # type: ignore[arg-type]
+        parent, _, child = name.rpartition(".")
+        setattr(out.get_submodule(parent), child, new)
+    return out
+
+
+def lowrank_state_keys(layer: str, shape: tuple[int, ...]) -> tuple[str, str]:
+    """State-dict keys ``(U key, V key)`` of a factorised ``layer``.
+
+    ``shape`` (the original weight shape) selects the layer type: Linear
+    ``("L.u", "L.v")``, conv ``("L.u_conv.weight", "L.v_conv.weight")``.
+    """
+    _matrix_dims(shape)
+    if len(shape) == 2:
+        return f"{layer}.u", f"{layer}.v"
+    return f"{layer}.u_conv.weight", f"{layer}.v_conv.weight"
+
+
+def _bias_keys(layer: str, shape: tuple[int, ...]) -> tuple[str, str]:
+    """``(factorised bias key, original bias key)`` of ``layer``."""
+    lowrank = f"{layer}.bias" if len(shape) == 2 else f"{layer}.u_conv.bias"
+    return lowrank, f"{layer}.bias"
+
+
+def factors_from_state(
+    state: Mapping[str, Tensor], layer: str, shape: tuple[int, ...]
+) -> tuple[Tensor, Tensor]:
+    """Read ``(U [rows, r], V [cols, r])`` of ``layer`` from a factorised state."""
+    u_key, v_key = lowrank_state_keys(layer, shape)
+    u, v = state[u_key], state[v_key]
+    if len(shape) == 4:
+        u, v = _conv_to_u(u), _conv_to_v(v)
+    if (u.shape[0], v.shape[0]) != _matrix_dims(shape) or u.shape[1] != v.shape[1]:
+        raise ValueError(f"factors of {layer!r} do not fit weight shape {shape}")
+    return u, v
+
+
+def factors_to_state(
+    u: Tensor, v: Tensor, layer: str, shape: tuple[int, ...]
+) -> dict[str, Tensor]:
+    """State entries of ``layer``'s factors (module order; bias not included)."""
+    u_key, v_key = lowrank_state_keys(layer, shape)
+    if len(shape) == 2:
+        return {u_key: u, v_key: v}
+    c_out, c_in, k, _ = shape
+    return {v_key: _v_to_conv(v, c_in, k), u_key: _u_to_conv(u, c_out, k)}
+
+
+def _layer_of(key: str, layers: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The layer in ``layers`` owning ``key`` (longest matching prefix)."""
+    owners = [name for name in layers if key.startswith(name + ".")]
+    return max(owners, key=len) if owners else None
+
+
+def _convert_state(
+    state: Mapping[str, Tensor],
+    layers: Mapping[str, tuple[int, ...]],
+    convert: dict[str, dict[str, Tensor]],
+) -> dict[str, Tensor]:
+    """Copy ``state``, replacing the keys of each layer in ``convert`` (at the
+    position of its first key) by ``convert[layer]``."""
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        layer = _layer_of(key, layers)
+        if layer is None or layer not in convert:
+            out[key] = value
+        elif not any(k in out for k in convert[layer]):
+            out.update(convert[layer])
+    return out
+
+
+def reconstruct_state(
+    state: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]]
+) -> dict[str, Tensor]:
+    """Factorised extractor state -> full-rank extractor state.
+
+    Each layer of ``layers`` (name -> original weight shape) whose factors are
+    in ``state`` becomes ``L.weight`` (and ``L.bias``); layers stored full
+    (ratio 1) and all other keys are kept unchanged, in the original order.
+    """
+    convert: dict[str, dict[str, Tensor]] = {}
+    for layer, shape in layers.items():
+        if lowrank_state_keys(layer, shape)[0] not in state:
+            continue
+        u, v = factors_from_state(state, layer, shape)
+        entries = {f"{layer}.weight": reconstruct(u, v, shape)}
+        lowrank_bias, bias = _bias_keys(layer, shape)
+        if lowrank_bias in state:
+            entries[bias] = state[lowrank_bias]
+        convert[layer] = entries
+    return _convert_state(state, layers, convert)
+
+
+def decompose_state(
+    state: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]], ratio: float
+) -> dict[str, Tensor]:
+    """Full-rank extractor state -> the state of ``factorise(.., ratio)``.
+
+    Keys, order and shapes equal ``factorise(extractor, list(layers), ratio)
+    .state_dict()``; ``ratio == 1`` returns a shallow copy of ``state``.
+    """
+    _check_ratio(ratio)
+    if ratio == 1.0:
+        return dict(state)
+    convert: dict[str, dict[str, Tensor]] = {}
+    for layer, shape in layers.items():
+        weight = state[f"{layer}.weight"]
+        if tuple(weight.shape) != tuple(shape):
+            raise ValueError(f"{layer}.weight is {tuple(weight.shape)}, not {shape}")
+        u, v = decompose(weight, layer_rank(shape, ratio))
+        entries = factors_to_state(u.to(weight.dtype), v.to(weight.dtype), layer, shape)
+        lowrank_bias, bias = _bias_keys(layer, shape)
+        if bias in state:
+            entries[lowrank_bias] = state[bias]
+        convert[layer] = entries
+    return _convert_state(state, layers, convert)

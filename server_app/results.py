@@ -1,0 +1,181 @@
+"""Per-round measurement and ``results.json``, as a wrapper around any strategy.
+
+:class:`Recorded` forwards the four hooks to the wrapped strategy and measures on the
+way: array payload bytes of every message sent and received, server time spent in
+``configure_train`` + ``aggregate_train``, evaluation metrics. Its :meth:`end_round`
+is passed to ``Strategy.start`` as ``evaluate_fn``, which Flower calls once before
+round 1 and once at the end of every round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from importlib import metadata
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from common.config import RunConfig, flatten
+from common.records import content_bytes
+from strategies.base import HeteroStrategy
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of fedhet, flwr and torch."""
+    out = {}
+    for pkg in ("fedhet", "flwr", "torch"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class Recorded(Strategy):
+    """Measure a :class:`HeteroStrategy` round by round and write ``results.json``."""
+
+    def __init__(self, inner: HeteroStrategy, cfg: RunConfig, out_dir: Path) -> None:
+        self.inner, self.cfg, self.out_dir = inner, cfg, out_dir
+        self.rounds: list[dict[str, Any]] = []
+        self._start = self._mark = time.perf_counter()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cur: dict[str, Any] = {
+            "bytes-up": 0, "bytes-down": 0, "bytes-down-eval": 0, "train-messages": 0,
+            "train-replies": 0, "server-time-s": 0.0, "eval": None, "train": None,
+        }
+
+    # ------------------------------------------------------------------ hooks
+    def configure_train(self, server_round: int, arrays: ArrayRecord,
+                        config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        t0 = time.perf_counter()
+        msgs = list(self.inner.configure_train(server_round, arrays, config, grid))
+        self._cur["server-time-s"] += time.perf_counter() - t0
+        self._cur["bytes-down"] += sum(content_bytes(m.content) for m in msgs)
+        self._cur["train-messages"] += len(msgs)
+        return msgs
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        with_content = [r for r in replies if not r.has_error()]
+        self._cur["bytes-up"] += sum(content_bytes(r.content) for r in with_content)
+        self._cur["train-replies"] += len(with_content)
+        t0 = time.perf_counter()
+        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        self._cur["server-time-s"] += time.perf_counter() - t0
+        self._cur["train"] = dict(metrics) if metrics is not None else None
+        return arrays, metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
+                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        msgs = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        self._cur["bytes-down-eval"] += sum(content_bytes(m.content) for m in msgs)
+        return msgs
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = self.inner.aggregate_evaluate(server_round, replies)
+        self._cur["eval"] = dict(metrics) if metrics is not None else None
+        return metrics
+
+    def summary(self) -> None:
+        self.inner.summary()
+
+    # ------------------------------------------------------------------ rounds
+    def end_round(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """``evaluate_fn`` of ``Strategy.start``: close the round, write, print."""
+        now = time.perf_counter()
+        if server_round == 0:
+            self._start = self._mark = now
+            return None
+        row = self._row(server_round, now - self._mark)
+        self._mark = now
+        self.rounds.append(row)
+        self._reset()
+        self._print(row)
+        self.write()
+        return None
+
+    def _row(self, server_round: int, seconds: float) -> dict[str, Any]:
+        cur, ev, tr = self._cur, self._cur["eval"] or {}, self._cur["train"] or {}
+        return {
+            "round": server_round,
+            "accuracy": ev.get("accuracy"),
+            "accuracy-mean": ev.get("accuracy-mean"),
+            "accuracy-std": ev.get("accuracy-std"),
+            "loss": ev.get("loss"),
+            "bytes-up": cur["bytes-up"],
+            "bytes-down": cur["bytes-down"],
+            "bytes-up-per-client": cur["bytes-up"] / max(cur["train-replies"], 1),
+            "bytes-down-per-client": cur["bytes-down"] / max(cur["train-messages"], 1),
+            "train-clients": cur["train-messages"],
+            "round-time-s": seconds,
+            "server-time-s": cur["server-time-s"],
+            "valid-replies": int(tr.get("valid-replies", 0)),
+            "train-loss": tr.get("train-loss"),
+            "client-train-time-s": tr.get("train-time-s"),
+            "bytes-down-eval": cur["bytes-down-eval"],
+            "eval-clients": int(ev.get("eval-clients", 0)),
+            "client-accuracy": {str(k): v["accuracy"]
+                                for k, v in sorted(self.inner.last_eval.items())}
+            if cur["eval"] else {},
+        }
+
+    def _print(self, row: dict[str, Any]) -> None:
+        acc = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
+        log(INFO, "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | "
+            "%.1f s", row["round"], self.cfg.num_server_rounds, acc,
+            human_bytes(row["bytes-up-per-client"]),
+            human_bytes(row["bytes-down-per-client"]), row["round-time-s"])
+
+    # ------------------------------------------------------------------ output
+    def results(self) -> dict[str, Any]:
+        evaluated = [r for r in self.rounds if r["accuracy"] is not None]
+        best = max(evaluated, key=lambda r: r["accuracy"], default=None)
+        return {
+            "config": flatten(self.cfg),
+            "versions": versions(),
+            "rounds": self.rounds,
+            "summary": {
+                "accuracy-last": evaluated[-1]["accuracy"] if evaluated else None,
+                "accuracy-best": best["accuracy"] if best else None,
+                "best-round": best["round"] if best else None,
+                "bytes-up-total": sum(r["bytes-up"] for r in self.rounds),
+                "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
+                "wall-time-s": time.perf_counter() - self._start,
+                "rejected-replies": [
+                    {"round": r, "node-id": n, "reason": why}
+                    for r, n, why in self.inner.rejected
+                ],
+                "nodes": {str(n.partition_id): n.arch
+                          for n in sorted(self.inner.nodes.values(),
+                                          key=lambda n: n.partition_id)},
+            },
+        }
+
+    def write(self) -> Path:
+        """Write ``results.json`` atomically; return its path."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / "results.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.results(), indent=1))
+        os.replace(tmp, path)
+        return path

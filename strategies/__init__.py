@@ -1,0 +1,12 @@
+"""Server strategies, one file per algorithm; :data:`STRATEGIES` maps name -> class."""
+
+from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.fedavg import FedAvg
+from strategies.lgfedavg import LGFedAvg
+from strategies.local import Local
+
+STRATEGIES: dict[str, type[HeteroStrategy]] = {
+    cls.name: cls for cls in (Local, FedAvg, LGFedAvg)
+}
+
+__all__ = ["STRATEGIES", "HeteroStrategy", "NodeInfo", "Upload"]

@@ -1,0 +1,44 @@
+"""``fedavg``: FedAvg over whole models (homogeneous families only)."""
+
+from __future__ import annotations
+
+from common.records import Arrays, weighted_mean
+from strategies.base import HeteroStrategy, Upload
+
+
+class FedAvg(HeteroStrategy):
+    """FedAvg: one global model, sample-weighted mean of full state dicts.
+
+    Message contract: ``train.fedavg`` carries the full global state dict; the client
+    loads it, trains, and replies with its full state dict (same keys and shapes).
+    Needs every node on the same architecture: a heterogeneous federation is refused
+    at start with an error naming the architectures found.
+    """
+
+    name = "fedavg"
+
+    def init_global(self) -> Arrays:
+        from models import build_model
+
+        archs = sorted({n.arch for n in self.nodes.values()})
+        if len(archs) != 1:
+            raise ValueError(
+                "algorithm 'fedavg' needs one architecture on every node (a homogeneous "
+                f"model.family such as 'fedavgcnn'); found {archs}"
+            )
+        node = next(iter(self.nodes.values()))
+        meta = node.extras
+        model = build_model(
+            archs[0],
+            in_channels=int(meta["in-channels"]),
+            num_classes=node.num_classes,
+            image_size=int(meta["image-size"]),
+            feature_dim=node.feature_dim,
+            small_stem=bool(meta.get("small-stem", 1)),
+            seed=self.cfg.seed,
+        )
+        return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        return weighted_mean([u.arrays for u in uploads],
+                             [u.num_examples for u in uploads])

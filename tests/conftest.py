@@ -1,0 +1,20 @@
+"""Shared fixtures: Flower task identity for building Messages, quiet Flower env."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _task_identity() -> None:
+    """Messages built outside a running app need a task identity (private API)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 0

@@ -1,0 +1,36 @@
+"""Crafted client replies for strategy tests (no ClientApp involved)."""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from common.config import parse_run_config
+from common.records import Arrays, to_record
+from strategies.base import HeteroStrategy, NodeInfo
+
+
+def node(nid: int, pid: int, *, arch: str = "cnn-1", num_train: int = 100, d: int = 500,
+         classes: int = 10, counts: tuple[int, ...] | None = None, **extras) -> NodeInfo:
+    return NodeInfo(node_id=nid, partition_id=pid, arch=arch, num_train=num_train,
+                    num_test=num_train // 3, num_classes=classes, feature_dim=d,
+                    class_counts=counts or (num_train // classes,) * classes,
+                    extras={"in-channels": 1, "image-size": 28, **extras})
+
+
+def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroStrategy:
+    s = cls(parse_run_config(cfg))
+    s.nodes = {n.node_id: n for n in nodes}
+    return s
+
+
+def reply(nid: int, arrays: Arrays, num_examples: int, kind: str = "train.x",
+          **metrics: float) -> Message:
+    sent = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=kind)
+    content = RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord(
+        {"num-examples": num_examples, "train-loss": 1.0, "train-time-s": 0.1, **metrics})})
+    return Message(content, reply_to=sent)
+
+
+def error_reply(nid: int, reason: str = "boom") -> Message:
+    sent = Message(RecordDict(), dst_node_id=nid, message_type="train.x")
+    return Message(Error(code=0, reason=reason), reply_to=sent)

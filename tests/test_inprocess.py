@@ -1,0 +1,122 @@
+"""Each algorithm for 2 rounds through ``Strategy.start`` with an in-process grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client_app.app import HOOKS
+from client_app.app import app as client_app
+from common.config import flatten, parse_run_config
+from server_app.results import Recorded
+from strategies import STRATEGIES
+from tests.fakegrid import FakeGrid
+
+ROUND_KEYS = {"round", "accuracy", "accuracy-mean", "accuracy-std", "loss", "bytes-up",
+              "bytes-down", "bytes-up-per-client", "bytes-down-per-client",
+              "train-clients", "round-time-s", "server-time-s"}
+SUMMARY_KEYS = {"accuracy-last", "accuracy-best", "best-round", "bytes-up-total",
+                "bytes-down-total", "wall-time-s"}
+
+
+def small_config(tmp_path: Path, **overrides) -> dict:
+    cfg = {
+        "num-server-rounds": 2, "seed": 0, "out-dir": str(tmp_path / "out"),
+        "data.name": "synthetic", "data.alpha": 0.5, "data.cache-dir": str(tmp_path / "c"),
+        "model.family": "cnn", "train.batch-size": 32,
+    }
+    cfg.update(overrides)
+    return {**flatten(parse_run_config({})), **cfg}
+
+
+def run_inprocess(tmp_path: Path, num_nodes: int = 3, **overrides) -> tuple[dict, FakeGrid]:
+    run_config = small_config(tmp_path, **overrides)
+    cfg = parse_run_config(run_config)
+    grid = FakeGrid(client_app, run_config, num_nodes)
+    strategy = STRATEGIES[cfg.algorithm](cfg)
+    recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
+    initial = strategy.initial_arrays(grid)
+    recorder.start(grid, initial, num_rounds=cfg.num_server_rounds,
+                   evaluate_fn=recorder.end_round)
+    path = recorder.write()
+    return json.loads(path.read_text()), grid
+
+
+def test_every_algorithm_has_a_client_hook() -> None:
+    assert set(HOOKS) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("algorithm", ["local", "lgfedavg", "fedavg"])
+def test_two_rounds_produce_complete_results(tmp_path: Path, algorithm: str) -> None:
+    family = "fedavgcnn" if algorithm == "fedavg" else "cnn"
+    res, _ = run_inprocess(tmp_path, algorithm=algorithm, **{"model.family": family})
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    for row in res["rounds"]:
+        assert ROUND_KEYS <= set(row)
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert row["train-clients"] == 3
+    assert SUMMARY_KEYS <= set(res["summary"])
+    assert res["config"]["algorithm"] == algorithm
+    assert set(res["versions"]) == {"fedhet", "flwr", "torch"}
+
+
+def test_lgfedavg_uploads_exactly_the_head(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="lgfedavg")
+    head_bytes = (500 * 10 + 10) * 4
+    for row in res["rounds"]:
+        assert row["bytes-up-per-client"] == head_bytes
+        assert row["bytes-down-per-client"] == head_bytes
+        assert row["bytes-up"] == 3 * head_bytes
+
+
+def test_local_sends_nothing(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="local")
+    assert res["summary"]["bytes-up-total"] == 0 == res["summary"]["bytes-down-total"]
+
+
+def test_same_seed_same_metrics(tmp_path: Path) -> None:
+    a, _ = run_inprocess(tmp_path / "a", algorithm="lgfedavg")
+    b, _ = run_inprocess(tmp_path / "b", algorithm="lgfedavg")
+    acc = [[r["accuracy"], r["loss"]] for r in a["rounds"]]
+    assert acc == [[r["accuracy"], r["loss"]] for r in b["rounds"]]
+
+
+def test_personal_extractor_persists_across_rounds(tmp_path: Path) -> None:
+    _, grid = run_inprocess(tmp_path, algorithm="lgfedavg")
+    for ctx in grid.contexts.values():
+        state = ctx.state["fedhet.model"]
+        assert "extractor.conv1.weight" in state and "head.weight" in state
+    w = [ctx.state["fedhet.model"]["extractor.conv1.weight"].numpy()
+         for ctx in grid.contexts.values()]
+    assert not np.allclose(w[0], w[1])  # personal, not shared
+
+
+def test_poisoned_client_does_not_change_the_global_head(tmp_path: Path) -> None:
+    """A node that replies NaN is dropped; the other two still aggregate."""
+    from flwr.app import Message, RecordDict
+
+    from common.records import to_numpy, to_record
+
+    run_config = small_config(tmp_path, algorithm="lgfedavg")
+    cfg = parse_run_config(run_config)
+    grid = FakeGrid(client_app, run_config, 3)
+    bad = grid.node_of_partition(2)
+
+    def poison(reply: Message) -> Message:
+        arrays = to_numpy(reply.content["arrays"])
+        arrays = {k: np.full_like(v, np.nan) for k, v in arrays.items()}
+        content = RecordDict({"arrays": to_record(arrays),
+                              "metrics": reply.content["metrics"]})
+        return Message(content, reply_to=grid.sent[-1])
+
+    grid.faults[bad] = poison
+    strategy = STRATEGIES["lgfedavg"](cfg)
+    recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
+    recorder.start(grid, strategy.initial_arrays(grid), num_rounds=2,
+                   evaluate_fn=recorder.end_round)
+    assert {n for _, n, _ in strategy.rejected} == {bad}
+    assert all(np.isfinite(v).all() for v in strategy.global_arrays.values())
+    assert [r["valid-replies"] for r in recorder.rounds] == [2, 2]

@@ -1,0 +1,385 @@
+"""Tests of the low-rank factorisation: algebra, layers, selection and state dicts."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import build_model
+from models.lowrank import (
+    LowRankConv2d,
+    LowRankLinear,
+    conv_to_matrix,
+    decompose,
+    decompose_state,
+    default_layers,
+    eckart_young_error,
+    factorisable_layers,
+    factorise,
+    factors_from_state,
+    factors_to_state,
+    layer_rank,
+    lowrank_state_keys,
+    matrix_to_conv,
+    param_count,
+    reconstruct,
+    reconstruct_state,
+)
+
+SHAPES = [(20, 7), (7, 20), (8, 3, 3, 3), (6, 16, 5, 5), (32, 16, 5, 5), (5, 4, 1, 1)]
+FULL = 0.9999  # a ratio < 1 (so layers are factorised) that rounds to full rank
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """LAPACK SVDs on a busy shared CPU are much faster single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rand(shape: tuple[int, ...], seed: int = 0) -> Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _full_rank(shape: tuple[int, ...]) -> int:
+    return layer_rank(shape, 1.0)
+
+
+def _extractor(arch: str) -> nn.Module:
+    channels, size = (1, 28) if arch.startswith("cnn") else (3, 32)
+    model = build_model(
+        arch, in_channels=channels, num_classes=10, image_size=size,
+        feature_dim=500, seed=0,
+    )  # fmt: skip
+    return model.extractor
+
+
+def _input(arch: str, batch: int = 4) -> Tensor:
+    shape = (batch, 1, 28, 28) if arch.startswith("cnn") else (batch, 3, 32, 32)
+    return _rand(shape, seed=1)
+
+
+def _layers(extractor: nn.Module) -> dict[str, tuple[int, ...]]:
+    shapes = factorisable_layers(extractor)
+    return {name: shapes[name] for name in default_layers(extractor)}
+
+
+# ------------------------------------------------------------------ the algebra
+
+
+@pytest.mark.parametrize("shape", [(8, 3, 3, 3), (6, 16, 5, 5), (4, 2, 1, 1)])
+def test_conv_matrix_reshape_is_exact_and_invertible(shape: tuple[int, ...]) -> None:
+    w = _rand(shape)
+    c_out, c_in, k, _ = shape
+    m = conv_to_matrix(w)
+    assert m.shape == (c_out * k, c_in * k)
+    assert torch.equal(matrix_to_conv(m, c_out, c_in, k), w)
+    assert torch.equal(conv_to_matrix(matrix_to_conv(m, c_out, c_in, k)), m)
+    for o, c, i, j in [(0, 0, 0, 0), (c_out - 1, c_in - 1, k - 1, 0), (1, 1, 0, k - 1)]:
+        assert m[o * k + i, c * k + j] == w[o, c, i, j]
+
+
+def test_non_square_kernel_is_rejected() -> None:
+    with pytest.raises(ValueError, match="non-square"):
+        conv_to_matrix(torch.zeros(4, 3, 3, 5))
+    with pytest.raises(ValueError, match="non-square"):
+        layer_rank((4, 3, 1, 3), 0.5)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_full_rank_decompose_reconstructs_the_weight(shape: tuple[int, ...]) -> None:
+    w = _rand(shape)
+    u, v = decompose(w, _full_rank(shape))
+    assert u.dtype == v.dtype == torch.float32
+    back = reconstruct(u, v, shape)
+    assert back.shape == w.shape
+    torch.testing.assert_close(back, w, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:5])
+def test_truncation_error_is_the_svd_tail_norm(shape: tuple[int, ...]) -> None:
+    w = _rand(shape, seed=2)
+    matrix = w.numpy().astype(np.float64)
+    if len(shape) == 4:
+        matrix = matrix.transpose(0, 2, 1, 3).reshape(shape[0] * shape[2], -1)
+    sigma = np.linalg.svd(matrix, compute_uv=False)
+    for rank in (1, 2, _full_rank(shape) // 2):
+        tail = float(np.sqrt(np.sum(sigma[rank:] ** 2)))
+        u, v = decompose(w, rank)
+        error = torch.linalg.norm(reconstruct(u, v, shape) - w).item()
+        assert error == pytest.approx(tail, rel=1e-4, abs=1e-5)
+        assert eckart_young_error(w, rank) == pytest.approx(tail, rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(20, 7), (6, 16, 5, 5)])
+def test_balanced_split_gives_equal_column_norms(shape: tuple[int, ...]) -> None:
+    w = _rand(shape, seed=3)
+    matrix = w if len(shape) == 2 else conv_to_matrix(w)
+    sigma = torch.linalg.svdvals(matrix.double())
+    u, v = decompose(w, 5)
+    expected = sigma[:5].sqrt().float()
+    torch.testing.assert_close(u.norm(dim=0), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v.norm(dim=0), expected, atol=1e-5, rtol=1e-5)
+    gram_u, gram_v = u.T @ u, v.T @ v  # P_r and Q_r orthonormal: both diag(sigma)
+    torch.testing.assert_close(gram_u, torch.diag(expected**2), atol=1e-4, rtol=0)
+    torch.testing.assert_close(gram_v, torch.diag(expected**2), atol=1e-4, rtol=0)
+
+
+def test_decompose_rejects_out_of_range_ranks() -> None:
+    for rank in (0, 8):
+        with pytest.raises(ValueError, match="rank"):
+            decompose(torch.zeros(7, 9), rank)
+
+
+def test_rank_rule_examples() -> None:
+    assert layer_rank((500, 2000), 0.0625) == 31
+    assert layer_rank((2000, 500), 0.0625) == 31
+    assert layer_rank((500, 2000), 1.0) == 500
+    assert layer_rank((500, 2000), 0.5) == 250
+    assert layer_rank((32, 16, 5, 5), 0.25) == 20  # matrix 160 x 80
+    assert layer_rank((10, 3), 0.01) == 1  # never 0
+    assert layer_rank((10, 3, 3, 3), 1e-9) == 1
+    assert layer_rank((2000, 512), FULL) == 512
+    for ratio in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="ratio"):
+            layer_rank((10, 10), ratio)
+
+
+def test_param_count_examples() -> None:
+    assert param_count((2000, 512), 31) == 31 * 2512
+    assert param_count((32, 16, 5, 5), 20) == 20 * 5 * (16 + 32)
+
+
+# -------------------------------------------------------------------- the layers
+
+
+def test_lowrank_linear_matches_linear_with_product_weight() -> None:
+    linear = nn.Linear(12, 9)
+    layer = LowRankLinear.from_linear(linear, 4)
+    assert layer.u.shape == (9, 4) and layer.v.shape == (12, 4)
+    assert isinstance(layer.u, nn.Parameter) and isinstance(layer.v, nn.Parameter)
+    torch.testing.assert_close(layer.bias, linear.bias, atol=0, rtol=0)
+    x = _rand((2, 5, 12))
+    expected = F.linear(x, layer.u @ layer.v.T, layer.bias)
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(x), x @ layer.v @ layer.u.T + layer.bias)
+    weights = layer.u.numel() + layer.v.numel()
+    assert weights == param_count((9, 12), 4)
+    assert sum(p.numel() for p in layer.parameters()) == weights + 9
+    no_bias = LowRankLinear(12, 9, 4, bias=False)
+    assert sum(p.numel() for p in no_bias.parameters()) == weights
+
+
+def test_lowrank_linear_fresh_init_has_linear_scale() -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(400, 300, 64)
+    reference = nn.Linear(400, 300).weight
+    std = (layer.u @ layer.v.T).std().item()
+    assert std == pytest.approx(reference.std().item(), rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("k", "stride", "padding", "dilation", "mode"),
+    [
+        (3, 1, 0, 1, "zeros"),
+        (3, 2, 1, 1, "zeros"),
+        (5, 1, 2, 1, "zeros"),
+        (5, 2, 0, 1, "zeros"),
+        (3, (1, 2), (2, 0), 1, "zeros"),
+        (3, (2, 1), (0, 1), (2, 1), "zeros"),
+        (3, 1, "same", 2, "zeros"),
+        (5, 1, 2, 1, "reflect"),
+        (1, 1, 0, 1, "zeros"),
+    ],
+)
+def test_lowrank_conv_matches_conv_with_reconstructed_weight(
+    k: int, stride: object, padding: object, dilation: object, mode: str
+) -> None:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(
+        5, 7, k, stride=stride, padding=padding, dilation=dilation, padding_mode=mode
+    )  # type: ignore[arg-type]
+    shape = tuple(conv.weight.shape)
+    layer = LowRankConv2d.from_conv(conv, max(1, _full_rank(shape) // 2))
+    weight = reconstruct(layer.factor_u(), layer.factor_v(), shape)
+    reference = nn.Conv2d(
+        5, 7, k, stride=stride, padding=padding, dilation=dilation, padding_mode=mode
+    )  # type: ignore[arg-type]
+    reference.weight.data.copy_(weight)
+    reference.bias.data.copy_(layer.u_conv.bias.data)
+    x = _rand((2, 5, 13, 11), seed=4)
+    out = layer(x)
+    assert out.shape == conv(x).shape
+    torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
+    if mode == "zeros":
+        direct = F.conv2d(x, weight, conv.bias, stride, padding, dilation)
+        torch.testing.assert_close(out, direct, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_full_rank_lowrank_conv_equals_original_conv(k: int) -> None:
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 6, k, stride=2, padding=1)
+    layer = LowRankConv2d.from_conv(conv, _full_rank(tuple(conv.weight.shape)))
+    x = _rand((3, 4, 12, 12), seed=5)
+    torch.testing.assert_close(layer(x), conv(x), atol=1e-5, rtol=1e-5)
+
+
+def test_lowrank_conv_factor_layout_and_param_count() -> None:
+    c_out, c_in, k, r = 6, 4, 3, 5
+    layer = LowRankConv2d(c_in, c_out, k, r)
+    assert layer.v_conv.weight.shape == (r, c_in, 1, k)
+    assert layer.u_conv.weight.shape == (c_out, r, k, 1)
+    assert layer.v_conv.bias is None
+    u, v = _rand((c_out * k, r), seed=6), _rand((c_in * k, r), seed=7)
+    layer.load_factors(u, v)
+    assert torch.equal(layer.factor_u(), u) and torch.equal(layer.factor_v(), v)
+    assert layer.u_conv.weight[4, 2, 1, 0] == u[4 * k + 1, 2]
+    assert layer.v_conv.weight[3, 2, 0, 2] == v[2 * k + 2, 3]
+    weights = layer.u_conv.weight.numel() + layer.v_conv.weight.numel()
+    assert weights == param_count((c_out, c_in, k, k), r) == r * k * (c_in + c_out)
+    assert sum(p.numel() for p in layer.parameters()) == weights + c_out
+    layer.factor_u().sum().backward()  # the factors are differentiable views
+    assert layer.u_conv.weight.grad is not None
+
+
+def test_grouped_conv_is_not_factorisable() -> None:
+    net = nn.Sequential(
+        OrderedDict(
+            stem=nn.Conv2d(3, 8, 3),
+            dw=nn.Conv2d(8, 8, 3, groups=8),
+            rect=nn.Conv2d(8, 8, (1, 3)),
+            pw=nn.Conv2d(8, 16, 1),
+            fc=nn.Linear(16, 4),
+        )
+    )
+    assert factorisable_layers(net) == {
+        "stem": (8, 3, 3, 3), "pw": (16, 8, 1, 1), "fc": (4, 16),
+    }  # fmt: skip
+    assert default_layers(net, count=5) == ["pw", "fc"]
+    with pytest.raises(ValueError, match="not factorisable"):
+        LowRankConv2d.from_conv(net.dw, 2)
+    with pytest.raises(ValueError, match="not factorisable"):
+        factorise(net, ["dw"], 0.5)
+
+
+# ------------------------------------------------------------ extractor-level
+
+
+def test_default_layers_of_the_cnns() -> None:
+    cnn1 = _extractor("cnn-1")
+    assert list(factorisable_layers(cnn1)) == ["conv1", "conv2", "fc1", "fc2"]
+    assert default_layers(cnn1) == ["fc1", "fc2"]
+    assert default_layers(cnn1, count=10) == ["conv2", "fc1", "fc2"]
+    assert default_layers(_extractor("fedavgcnn")) == ["conv2", "fc1"]
+    nested = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 8)))
+    assert default_layers(nested, count=1) == ["1.0"]
+
+
+def test_factorise_full_and_low_rank_outputs() -> None:
+    extractor = _extractor("cnn-1")
+    layers = default_layers(extractor)
+    x = _input("cnn-1")
+    reference = extractor(x)
+    copy = factorise(extractor, layers, 1.0)
+    assert copy is not extractor and isinstance(copy.fc1, nn.Linear)
+    torch.testing.assert_close(copy(x), reference, atol=0, rtol=0)
+    full = factorise(extractor, layers, FULL)
+    assert isinstance(full.fc1, LowRankLinear) and full.fc1.rank == 512
+    torch.testing.assert_close(full(x), reference, atol=1e-5, rtol=1e-4)
+    low = factorise(extractor, layers, 0.0625)
+    assert (low.fc1.rank, low.fc2.rank) == (32, 31)
+    assert isinstance(extractor.fc1, nn.Linear)  # the original is untouched
+    out = low(x)
+    assert (out - reference).abs().max() > 1e-3
+    out.square().mean().backward()
+    assert low.fc1.u.grad is not None and low.fc2.v.grad is not None
+    assert low.conv1.weight.grad is not None
+
+
+def test_factorise_convolution_layers_of_fedavgcnn() -> None:
+    extractor = _extractor("fedavgcnn")
+    x = _input("fedavgcnn")
+    full = factorise(extractor, ["conv1", "conv2"], FULL)
+    assert isinstance(full.conv2, LowRankConv2d)
+    torch.testing.assert_close(full(x), extractor(x), atol=1e-5, rtol=1e-4)
+    low = factorise(extractor, default_layers(extractor), 0.25)
+    assert low.conv2.rank == layer_rank((64, 32, 5, 5), 0.25) == 40
+    low(x).sum().backward()
+    assert low.conv2.u_conv.weight.grad is not None
+
+
+# ------------------------------------------------------------------ state dicts
+
+
+@pytest.mark.parametrize(
+    ("arch", "ratio"),
+    [("cnn-1", 1.0), ("cnn-1", 0.5), ("cnn-1", 0.0625), ("fedavgcnn", 0.5)],
+)
+def test_state_conversion_matches_factorised_modules(arch: str, ratio: float) -> None:
+    extractor = _extractor(arch)
+    layers = _layers(extractor)
+    full_state = extractor.state_dict()
+    module_state = factorise(extractor, list(layers), ratio).state_dict()
+    state = decompose_state(full_state, layers, ratio)
+    assert list(state) == list(module_state)
+    for key, value in module_state.items():
+        assert state[key].shape == value.shape and state[key].dtype == value.dtype
+        torch.testing.assert_close(state[key], value, atol=1e-6, rtol=0)
+    back = reconstruct_state(module_state, layers)
+    assert list(back) == list(full_state)
+    for key, value in full_state.items():
+        assert back[key].shape == value.shape
+        if ratio == 1.0 or key.split(".")[0] not in layers:
+            assert torch.equal(back[key], value)
+    for layer, shape in layers.items():
+        if ratio < 1.0:
+            u, v = factors_from_state(module_state, layer, shape)
+            torch.testing.assert_close(
+                back[f"{layer}.weight"], reconstruct(u, v, shape)
+            )
+            assert torch.equal(back[f"{layer}.bias"], full_state[f"{layer}.bias"])
+
+
+@pytest.mark.parametrize("arch", ["cnn-1", "fedavgcnn"])
+def test_full_rank_state_round_trip(arch: str) -> None:
+    extractor = _extractor(arch)
+    layers = factorisable_layers(extractor)
+    state = extractor.state_dict()
+    back = reconstruct_state(decompose_state(state, layers, FULL), layers)
+    assert list(back) == list(state)
+    for key, value in state.items():
+        torch.testing.assert_close(back[key], value, atol=1e-5, rtol=0)
+
+
+def test_state_keys_and_factor_entries() -> None:
+    assert lowrank_state_keys("fc1", (2000, 512)) == ("fc1.u", "fc1.v")
+    assert lowrank_state_keys("a.conv2", (32, 16, 5, 5)) == (
+        "a.conv2.u_conv.weight", "a.conv2.v_conv.weight",
+    )  # fmt: skip
+    extractor = _extractor("fedavgcnn")
+    layers = _layers(extractor)
+    factorised = factorise(extractor, list(layers), 0.5)
+    state = factorised.state_dict()
+    for layer, shape in layers.items():
+        assert set(lowrank_state_keys(layer, shape)) <= set(state)
+        u, v = factors_from_state(state, layer, shape)
+        k = shape[2] if len(shape) == 4 else 1
+        rank = layer_rank(shape, 0.5)
+        assert u.shape == (shape[0] * k, rank) and v.shape == (shape[1] * k, rank)
+        entries = factors_to_state(u, v, layer, shape)
+        assert set(entries) == set(lowrank_state_keys(layer, shape))
+        for key, value in entries.items():
+            assert torch.equal(value, state[key])
+    module_u = factorised.conv2.factor_u()
+    assert torch.equal(factors_from_state(state, "conv2", layers["conv2"])[0], module_u)
+    with pytest.raises(ValueError, match="do not fit"):
+        factors_from_state(state, "conv2", (64, 32, 3, 3))

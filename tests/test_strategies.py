@@ -1,0 +1,123 @@
+"""Foundation strategies driven with crafted replies (expected values from numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.records import to_numpy
+from strategies import STRATEGIES
+from strategies.fedavg import FedAvg
+from strategies.lgfedavg import LGFedAvg
+from strategies.local import Local
+from tests.replies import error_reply, node, reply, strategy
+
+RNG = np.random.default_rng(0)
+
+
+def head(d: int = 500, c: int = 10) -> dict[str, np.ndarray]:
+    return {"head.weight": RNG.normal(size=(c, d)).astype(np.float32),
+            "head.bias": RNG.normal(size=(c,)).astype(np.float32)}
+
+
+def test_registry_names_are_the_config_values() -> None:
+    assert set(STRATEGIES) == {"local", "fedavg", "lgfedavg"}
+    assert all(cls.name == name for name, cls in STRATEGIES.items())
+
+
+def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:
+    nodes = [node(10, 0), node(11, 1), node(12, 2)]
+    s = strategy(LGFedAvg, nodes)
+    s.global_arrays = s.init_global()
+    heads = [head(), head(), head()]
+    weights = [30, 50, 20]
+    replies = [reply(n.node_id, h, w) for n, h, w in zip(nodes, heads, weights)]
+    arrays, metrics = s.aggregate_train(1, replies)
+    got = to_numpy(arrays)
+    for key in ("head.weight", "head.bias"):
+        want = sum(h[key].astype(np.float64) * w for h, w in zip(heads, weights)) / 100
+        np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-6)
+    assert metrics["valid-replies"] == 3
+
+
+def test_result_does_not_depend_on_reply_order() -> None:
+    nodes = [node(10 + i, i) for i in range(4)]
+    s = strategy(LGFedAvg, nodes)
+    s.global_arrays = s.init_global()
+    heads = [head() for _ in nodes]
+    replies = [reply(n.node_id, h, 10 + i) for i, (n, h) in enumerate(zip(nodes, heads))]
+    a, _ = s.aggregate_train(1, replies)
+    b, _ = s.aggregate_train(1, list(reversed(replies)))
+    for key in a:
+        np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf", "shape", "keys", "error", "examples"])
+def test_poisoned_reply_is_dropped_and_logged(poison: str) -> None:
+    nodes = [node(10, 0), node(11, 1), node(12, 2)]
+    s = strategy(LGFedAvg, nodes)
+    s.global_arrays = s.init_global()
+    good = [head(), head()]
+    bad = head()
+    if poison == "nan":
+        bad["head.weight"][3, 7] = np.nan
+    elif poison == "inf":
+        bad["head.bias"][0] = np.inf
+    elif poison == "shape":
+        bad["head.weight"] = bad["head.weight"][:, :499]
+    elif poison == "keys":
+        bad["extra"] = bad.pop("head.bias")
+    replies = [reply(10, good[0], 40), reply(11, good[1], 60)]
+    replies.append(error_reply(12) if poison == "error"
+                   else reply(12, bad, 0 if poison == "examples" else 1000))
+    arrays, _ = s.aggregate_train(3, replies)
+    got = to_numpy(arrays)
+    want = (good[0]["head.weight"].astype(np.float64) * 40
+            + good[1]["head.weight"].astype(np.float64) * 60) / 100
+    np.testing.assert_allclose(got["head.weight"], want, rtol=1e-5, atol=1e-6)
+    assert [(r, n) for r, n, _ in s.rejected] == [(3, 12)]
+
+
+def test_too_few_valid_replies_keep_the_global_state() -> None:
+    nodes = [node(10, 0), node(11, 1)]
+    s = strategy(LGFedAvg, nodes, **{"min-valid-replies": 2})
+    s.global_arrays = before = s.init_global()
+    bad = head()
+    bad["head.weight"][0, 0] = np.nan
+    arrays, metrics = s.aggregate_train(1, [reply(10, head(), 5), reply(11, bad, 5)])
+    assert arrays is None and metrics is None
+    assert s.global_arrays is before
+
+
+def test_local_exchanges_nothing() -> None:
+    s = strategy(Local, [node(10, 0), node(11, 1)])
+    assert s.init_global() == {}
+    arrays, metrics = s.aggregate_train(1, [reply(10, {}, 5), reply(11, {}, 7)])
+    assert arrays is None and metrics["valid-replies"] == 2
+    # An upload to a strategy that expects none is a protocol violation.
+    s.aggregate_train(2, [reply(10, head(), 5)])
+    assert s.rejected and s.rejected[0][1] == 10
+
+
+def test_fedavg_refuses_heterogeneous_families() -> None:
+    s = strategy(FedAvg, [node(10, 0, arch="cnn-1"), node(11, 1, arch="cnn-2")])
+    with pytest.raises(ValueError, match="fedavg.*homogeneous.*cnn-1.*cnn-2"):
+        s.init_global()
+
+
+def test_fedavg_averages_whole_models() -> None:
+    nodes = [node(10, 0, arch="fedavgcnn", d=512), node(11, 1, arch="fedavgcnn", d=512)]
+    s = strategy(FedAvg, nodes, **{"model.family": "fedavgcnn"})
+    s.global_arrays = g = s.init_global()
+    assert "extractor.conv1.weight" in g and "head.weight" in g
+    ups = [{k: v + i for k, v in g.items()} for i in (1, 2)]
+    arrays, _ = s.aggregate_train(1, [reply(10, ups[0], 1), reply(11, ups[1], 3)])
+    got = to_numpy(arrays)
+    for k in g:
+        np.testing.assert_allclose(got[k], g[k] + 1.75, rtol=1e-5, atol=1e-5)
+
+
+def test_lgfedavg_refuses_disagreeing_heads() -> None:
+    s = strategy(LGFedAvg, [node(10, 0, d=500), node(11, 1, d=512)])
+    with pytest.raises(ValueError, match="disagree"):
+        s.init_global()
