@@ -182,16 +182,16 @@ def simulation_superlink(flwr_home: Path, extra_env: Mapping[str, str] | None = 
     """A simulation SuperLink on free loopback ports; yields (connection, env, procs)."""
     env = flower_env(flwr_home, extra_env)
     procs = Processes(env, flwr_home / "logs")
-    control, http = free_port(), free_port()
-    conn = f"fedhet-sim-{control}"
+    port = free_port()
+    conn = f"fedhet-sim-{port}"
     try:
         sl = procs.start("superlink", [
             "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-            "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1",
-            "--port", str(http), "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation",
         ])
-        wait_http(f"http://127.0.0.1:{http}/health", 60, sl)
-        write_connection(flwr_home, conn, f"127.0.0.1:{control}")
+        wait_http(f"http://127.0.0.1:{port}/health", 60, sl)
+        write_connection(flwr_home, conn, f"127.0.0.1:{port}")
         yield conn, env, procs
     finally:
         procs.stop_all()
@@ -204,7 +204,7 @@ def run_simulation(app_dir: Path, overrides: Mapping[str, Scalar], *,
                    extra_env: Mapping[str, str] | None = None) -> RunOutcome:
     """``flwr run app_dir`` as a local simulation on its own SuperLink; clean up after."""
     app_dir = Path(app_dir).resolve()
-    home = Path(flwr_home or app_dir / ".flwr").resolve()
+    home = Path(flwr_home or os.environ.get("FLWR_HOME") or app_dir / ".flwr").resolve()
     with tempfile.TemporaryDirectory() as tmp, \
             simulation_superlink(home, extra_env) as (conn, env, _):
         log_path = home / "logs" / f"{conn}.run.log"

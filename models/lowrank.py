@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +115,11 @@ class LowRankLinear(nn.Module):
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.u = nn.Parameter(torch.empty(out_features, rank, dtype=torch.float32))
         self.v = nn.Parameter(torch.empty(in_features, rank, dtype=torch.float32))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=torch.float32))
+            if bias
+            else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -180,13 +185,15 @@ class LowRankConv2d(nn.Module):
         else:
             ph, pw = _pair(padding)
             pad_v, pad_u = (0, pw), (ph, 0)
-        kw = {"padding_mode": padding_mode}
+        mode: Any = padding_mode
         self.v_conv = nn.Conv2d(
-            in_channels, rank, (1, k), (sw, 1), pad_v, (1, dw), bias=False, **kw
-        )
+            in_channels, rank, (1, k), (1, sw), pad_v, (1, dw),
+            bias=False, padding_mode=mode,
+        )  # fmt: skip
         self.u_conv = nn.Conv2d(
-            rank, out_channels, (k, 1), (sh, 1), pad_u, (dh, 1), bias=bias, **kw
-        )
+            rank, out_channels, (k, 1), (sh, 1), pad_u, (dh, 1),
+            bias=bias, padding_mode=mode,
+        )  # fmt: skip
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.rank = k, rank
 
@@ -348,11 +355,12 @@ def factorise(extractor: nn.Module, layers: Sequence[str], ratio: float) -> nn.M
         old = out.get_submodule(name)
         if not _is_factorisable(old):
             raise ValueError(f"layer {name!r} ({old}) is not factorisable")
-        rank = layer_rank(tuple(old.weight.shape), ratio)  # type: ignore[union-attr]
+        assert isinstance(old, (nn.Linear, nn.Conv2d))
+        rank = layer_rank(tuple(old.weight.shape), ratio)
         if isinstance(old, nn.Linear):
             new: nn.Module = LowRankLinear.from_linear(old, rank)
         else:
-            new = LowRankConv2d.from_conv(old, rank)  # type: ignore[arg-type]
+            new = LowRankConv2d.from_conv(old, rank)
         parent, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent), child, new)
     return out

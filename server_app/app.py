@@ -23,7 +23,7 @@ def load_config(context: Context) -> RunConfig:
         return parse_run_config(context.run_config)
     except ConfigError as exc:
         log(ERROR, "fedhet: %s", exc)
-        raise SystemExit(f"fedhet: {exc}") from None
+        raise ConfigError(f"fedhet: {exc}") from None
 
 
 @app.main()
@@ -36,7 +36,7 @@ def main(grid: Grid, context: Context) -> None:
         initial = strategy.initial_arrays(grid)
     except ValueError as exc:  # e.g. fedavg on a heterogeneous family
         log(ERROR, "fedhet: %s", exc)
-        raise SystemExit(f"fedhet: {exc}") from None
+        raise ConfigError(f"fedhet: {exc}") from None
     recorder = Recorded(strategy, cfg, out_dir)
     log(INFO, "[fedhet] %s: %d nodes, %d rounds, results in %s", cfg.algorithm,
         len(strategy.nodes), cfg.num_server_rounds, out_dir)
