@@ -5,11 +5,15 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.base import ClientHook, open_run, profile_record
+from client_app.base import ClientHook, open_run, profile_record, run_config
 from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
+from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook
 from common.records import to_record, to_torch
 
-HOOKS: dict[str, ClientHook] = {h.name: h for h in (LocalHook(), FedAvgHook(), LGFedAvgHook())}
+HOOKS: dict[str, ClientHook] = {
+    h.name: h for h in (LocalHook(), FedAvgHook(), LGFedAvgHook(), FedProtoHook(),
+                        FedGHHook(), FedREHook())
+}
 
 app = ClientApp()
 
@@ -17,7 +21,8 @@ app = ClientApp()
 @app.query("profile")
 def profile(msg: Message, context: Context) -> Message:
     """Tell the server who this node is (partition, architecture, data sizes)."""
-    return Message(RecordDict({"profile": ConfigRecord(profile_record(context))}),
+    hook = HOOKS[run_config(context).algorithm]
+    return Message(RecordDict({"profile": ConfigRecord(profile_record(context, hook))}),
                    reply_to=msg)
 
 
@@ -27,8 +32,9 @@ def _round(msg: Message) -> int:
 
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
-    run = open_run(context, _round(msg))
-    hook.install(run, to_torch(msg.content["arrays"]))
+    run = open_run(context, _round(msg), hook)
+    run.received = to_torch(msg.content["arrays"])
+    hook.install(run, run.received)
     stats = hook.train(run)
     upload = hook.upload(run)
     run.save()
@@ -43,8 +49,9 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
 
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
-    run = open_run(context, _round(msg))
-    hook.install(run, to_torch(msg.content["arrays"]))
+    run = open_run(context, _round(msg), hook)
+    run.received = to_torch(msg.content["arrays"])
+    hook.install(run, run.received)
     stats = hook.evaluate(run)
     metrics = MetricRecord({
         "num-examples": stats.num_examples,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -46,8 +46,12 @@ class NodeSpec:
     num_partitions: int
     arch: str
 
+    options: Mapping[str, Scalar] = field(default_factory=dict)
+    """The full node config (profile, rank-ratio, ...)."""
+
     @classmethod
-    def from_context(cls, cfg: RunConfig, node_config: Mapping[str, Scalar]) -> NodeSpec:
+    def from_context(cls, cfg: RunConfig, node_config: Mapping[str, Scalar],
+                     base_arch: str | None = None) -> NodeSpec:
         try:
             pid = int(node_config["partition-id"])
             num = int(node_config["num-partitions"])
@@ -58,8 +62,10 @@ class NodeSpec:
             ) from None
         if not 0 <= pid < num:
             raise ValueError(f"node-config partition-id={pid} not in [0, {num})")
-        arch = str(node_config.get("model") or arch_for_partition(cfg.model.family, pid))
-        return cls(partition_id=pid, num_partitions=num, arch=arch)
+        arch = str(node_config.get("model") or base_arch
+                   or arch_for_partition(cfg.model.family, pid))
+        return cls(partition_id=pid, num_partitions=num, arch=arch,
+                   options=dict(node_config))
 
 
 def derive_seed(*parts: int) -> int:
@@ -77,6 +83,8 @@ class ClientRun:
     model: HetNet
     state: RecordDict
     server_round: int
+    received: dict[str, Tensor] = field(default_factory=dict)
+    """What the server sent with this message, by name (set by the handler)."""
 
     def generator(self, purpose: int = 0) -> torch.Generator:
         """A generator seeded by (seed, round, partition, purpose)."""
@@ -105,12 +113,12 @@ def device_of(cfg: RunConfig) -> torch.device:
     return torch.device(want)
 
 
-def open_run(context: Context, server_round: int) -> ClientRun:
+def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun:
     """Config, node, data and the personal model (restored, or fresh and seeded)."""
     cfg = run_config(context)
     if cfg.train.num_threads > 0:
         torch.set_num_threads(cfg.train.num_threads)
-    node = NodeSpec.from_context(cfg, context.node_config)
+    node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
     data = load_client_data(cfg.data, node.partition_id, node.num_partitions, cfg.seed)
     model = build_model(
         node.arch, in_channels=data.in_channels, num_classes=data.num_classes,
@@ -118,16 +126,29 @@ def open_run(context: Context, server_round: int) -> ClientRun:
         small_stem=cfg.model.small_input_stem,
         seed=derive_seed(cfg.seed, node.partition_id),
     )
+    run = ClientRun(cfg, node, data, model, context.state, server_round)
+    hook.prepare(run)
     if MODEL_KEY in context.state.array_records:
-        model.load_state_dict(to_torch(context.state[MODEL_KEY]))
-    model.to(device_of(cfg))
-    return ClientRun(cfg, node, data, model, context.state, server_round)
+        run.model.load_state_dict(to_torch(context.state[MODEL_KEY]))
+    run.model.to(device_of(cfg))
+    return run
 
 
 class ClientHook:
     """One algorithm's client part. Defaults: install by name, CE training, no upload."""
 
     name: ClassVar[str] = ""
+
+    def base_arch(self, cfg: RunConfig) -> str | None:
+        """One architecture for every node (None: round-robin over the family)."""
+        return None
+
+    def prepare(self, run: ClientRun) -> None:
+        """Change the freshly built model's structure before state is loaded."""
+
+    def profile(self, run: ClientRun) -> dict[str, Scalar]:
+        """Extra facts the server needs about this node (e.g. its rank ratio)."""
+        return {}
 
     def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
         """Put the server's arrays into the personal model (by state-dict key)."""
@@ -161,11 +182,12 @@ class ClientHook:
         return evaluate(run.model, run.data.x_test, run.data.y_test)
 
 
-def profile_record(context: Context) -> dict[str, Scalar | list[int]]:
+def profile_record(context: Context, hook: ClientHook) -> dict[str, Scalar | list[int]]:
     """This node's self-description for the server's ``query.profile``."""
-    run = open_run(context, server_round=0)
+    run = open_run(context, 0, hook)
     counts = [int(c) for c in run.data.train_class_counts]
     return {
+        **hook.profile(run),
         "partition-id": run.node.partition_id,
         "arch": run.node.arch,
         "num-train": len(run.data.y_train),

@@ -13,9 +13,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-ALGORITHMS = ("local", "fedavg", "lgfedavg")
+Algorithm = Literal[
+    "local", "fedavg", "lgfedavg", "fedproto", "fedgh", "fedre", "fedara", "fedlora"
+]
 """Every value ``algorithm`` accepts; each has a strategy and a client hook."""
 
 Scalar = bool | int | float | str
@@ -74,6 +83,14 @@ class ModelConfig(_Section):
     """Unified representation size ``d``; 0 = the family's natural ``d``."""
     small_input_stem: bool = True
 
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, family: str) -> str:
+        from models.families import family_archs  # lazy: keeps config import light
+
+        family_archs(family)  # raises ValueError naming model.family and the choices
+        return family
+
 
 class TrainConfig(_Section):
     """``train.*``: the shared local training loop (SGD)."""
@@ -88,10 +105,86 @@ class TrainConfig(_Section):
     device: Literal["cpu", "cuda", "auto"] = "cpu"
 
 
+class FedREConfig(_Section):
+    """``fedre.*``: server-side head training on entangled representations."""
+
+    server_lr: float = Field(0.01, gt=0)
+    server_epochs: int = Field(1, ge=1)
+    server_batch_size: int = Field(32, ge=1)
+    mix: Literal["rap", "vap", "rsr"] = "rap"
+    """``rap``: random weights over class prototypes (the paper's default);
+    ``vap``: equal weights over prototypes; ``rsr``: random weights over raw
+    sample representations."""
+
+
+class FedProtoConfig(_Section):
+    """``fedproto.*``: prototype regularisation strength and inference rule."""
+
+    lam: float = Field(10.0, ge=0, alias="lambda")
+    infer: Literal["head", "proto"] = "head"
+
+
+class FedGHConfig(_Section):
+    """``fedgh.*``: server-side head training on class prototypes."""
+
+    server_lr: float = Field(0.01, gt=0)
+    server_epochs: int = Field(1, ge=1)
+    server_batch_size: int = Field(32, ge=1)
+
+
+class FedARAConfig(_Section):
+    """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
+
+    rank_tiers: str = "1,0.5,0.25,0.125,0.0625"
+    """Rank ratios assigned round-robin by partition id (node-config ``rank-ratio``
+    overrides in deployment)."""
+    layers: str = ""
+    """Comma-separated extractor layers to factorise; empty = the two largest
+    factorisable layers, first conv excluded."""
+    base_arch: str = ""
+    """Architecture every client starts from; empty = the first of model.family."""
+    lam: float = Field(2.0, ge=0, alias="lambda")
+    warmup_rounds: int = Field(10, ge=0)
+    frobenius_decay: float = Field(1e-3, ge=0)
+
+    @field_validator("rank_tiers")
+    @classmethod
+    def _check_tiers(cls, text: str) -> str:
+        try:
+            tiers = [float(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            tiers = []
+        if not tiers or any(not 0 < t <= 1 for t in tiers):
+            raise ValueError("must be comma-separated rank ratios in (0, 1], "
+                             "e.g. '1,0.5,0.25'")
+        return text
+
+    def tiers(self) -> list[float]:
+        return [float(t) for t in self.rank_tiers.split(",") if t.strip()]
+
+    def layer_list(self) -> list[str]:
+        return [name.strip() for name in self.layers.split(",") if name.strip()]
+
+
+class FedLoRAConfig(_Section):
+    """``fedlora.*``: the homogeneous low-rank adapter and the two phases."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float = Field(8.0, gt=0)
+    targets: str = "head"
+    """Comma-separated Linear layers that get a LoRA branch: ``head`` and/or d→d
+    layers every client has (e.g. ``extractor.fc2`` when it is d→d everywhere)."""
+    local_epochs: int = Field(1, ge=1)
+    adapter_epochs: int = Field(1, ge=1)
+
+    def target_list(self) -> list[str]:
+        return [t.strip() for t in self.targets.split(",") if t.strip()]
+
+
 class RunConfig(_Section):
     """Every run-config key of the app (see README, "Run-config")."""
 
-    algorithm: Literal["local", "fedavg", "lgfedavg"] = "lgfedavg"
+    algorithm: Algorithm = "lgfedavg"
     num_server_rounds: int = Field(10, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
     fraction_evaluate: float = Field(1.0, ge=0, le=1)
@@ -106,9 +199,24 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    fedre: FedREConfig = FedREConfig()
+    fedproto: FedProtoConfig = FedProtoConfig()
+    fedgh: FedGHConfig = FedGHConfig()
+    fedara: FedARAConfig = FedARAConfig()
+    fedlora: FedLoRAConfig = FedLoRAConfig()
 
     @model_validator(mode="after")
     def _check_nodes(self) -> RunConfig:
+        if self.algorithm == "fedavg":
+            from models.families import family_archs
+
+            archs = family_archs(self.model.family)
+            if len(archs) > 1:
+                raise ValueError(
+                    "algorithm 'fedavg' needs a homogeneous model.family (one "
+                    f"architecture, e.g. 'fedavgcnn'); '{self.model.family}' has "
+                    f"{', '.join(archs)}"
+                )
         if self.min_available_nodes < self.min_train_nodes:
             raise ValueError(
                 "min-available-nodes must be >= min-train-nodes "
@@ -122,9 +230,6 @@ class RunConfig(_Section):
             algorithm=self.algorithm, seed=self.seed, timestamp=timestamp
         )
         return Path(os.path.expanduser(text)).resolve()
-
-
-_SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
 
 
 def _nest(flat: Mapping[str, Scalar]) -> dict[str, Any]:
@@ -164,8 +269,9 @@ def parse_run_config(flat: Mapping[str, Scalar]) -> RunConfig:
 def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Scalar]:
     """The inverse of parsing: ``{"data.alpha": 0.1, ...}`` with kebab-case keys."""
     flat: dict[str, Scalar] = {}
+    fields = type(cfg).model_fields
     for name, value in cfg:
-        key = prefix + _kebab(name)
+        key = prefix + (fields[name].alias or _kebab(name))
         if isinstance(value, BaseModel):
             flat.update(flatten(value, key + "."))
         else:

@@ -2,11 +2,14 @@
 
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 from strategies.fedavg import FedAvg
+from strategies.fedgh import FedGH
+from strategies.fedproto import FedProto
+from strategies.fedre import FedRE
 from strategies.lgfedavg import LGFedAvg
 from strategies.local import Local
 
 STRATEGIES: dict[str, type[HeteroStrategy]] = {
-    cls.name: cls for cls in (Local, FedAvg, LGFedAvg)
+    cls.name: cls for cls in (Local, FedAvg, LGFedAvg, FedProto, FedGH, FedRE)
 }
 
 __all__ = ["STRATEGIES", "HeteroStrategy", "NodeInfo", "Upload"]

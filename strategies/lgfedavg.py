@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from common.records import Arrays, weighted_mean
-from strategies.base import HeteroStrategy, Upload
+from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 
 class LGFedAvg(HeteroStrategy):
@@ -22,20 +24,25 @@ class LGFedAvg(HeteroStrategy):
     name = "lgfedavg"
 
     def init_global(self) -> Arrays:
-        d, c = common_head_shape(self.nodes.values())
-        head = torch.nn.Linear(d, c)
-        with torch.random.fork_rng():
-            torch.manual_seed(self.cfg.seed)
-            head.reset_parameters()
-        return {"head.weight": head.weight.detach().numpy().copy(),
-                "head.bias": head.bias.detach().numpy().copy()}
+        return initial_head(self.nodes.values(), self.cfg.seed)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         return weighted_mean([u.arrays for u in uploads],
                              [u.num_examples for u in uploads])
 
 
-def common_head_shape(nodes) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def initial_head(nodes: Iterable[NodeInfo], seed: int) -> Arrays:
+    """A seeded ``Linear(d, C)`` initialisation shared by every head-sharing method."""
+    d, c = common_head_shape(nodes)
+    head = torch.nn.Linear(d, c)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head.reset_parameters()
+    return {"head.weight": head.weight.detach().numpy().copy(),
+            "head.bias": head.bias.detach().numpy().copy()}
+
+
+def common_head_shape(nodes: Iterable[NodeInfo]) -> tuple[int, int]:
     """The ``(d, C)`` every node agrees on; a clear error when they disagree."""
     dims = {(n.feature_dim, n.num_classes) for n in nodes}
     if len(dims) != 1:

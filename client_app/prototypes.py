@@ -1,0 +1,122 @@
+"""Client parts of the prototype family: ``fedproto``, ``fedgh``, ``fedre``.
+
+All three compute class prototypes ``p_c = mean RM(g(x))`` over the client's
+training samples of class ``c`` with the *trained* model in eval mode, for the
+classes the client has; absent classes are simply not sent.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from client_app.base import ClientHook, ClientRun, head_arrays
+from models.entangle import entangle_prototypes, entangle_samples
+from models.train import EvalStats, ExtraLoss, class_means, evaluate
+
+PROTO = "proto."
+"""Array-name prefix of a class prototype: ``proto.<class index>``."""
+
+
+def prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
+    """``(means [C, d], present bool [C])`` of the trained model on training data."""
+    means, counts = class_means(run.model, run.data.x_train, run.data.y_train,
+                                run.data.num_classes)
+    return means, counts > 0
+
+
+def proto_arrays(means: Tensor, present: Tensor) -> dict[str, Tensor]:
+    return {f"{PROTO}{c}": means[c] for c in range(len(present)) if present[c]}
+
+
+def received_prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
+    """Global prototypes the server sent, as ``(table [C, d], known bool [C])``."""
+    d, num_classes = run.model.feature_dim, run.data.num_classes
+    table = torch.zeros(num_classes, d)
+    known = torch.zeros(num_classes, dtype=torch.bool)
+    for key, value in run.received.items():
+        if not key.startswith(PROTO):
+            raise ValueError(f"unexpected array '{key}' from the server")
+        c = int(key.removeprefix(PROTO))
+        if not 0 <= c < num_classes or value.shape != (d,):
+            raise ValueError(f"bad global prototype '{key}' {tuple(value.shape)}")
+        table[c], known[c] = value, True
+    return table, known
+
+
+class FedProtoHook(ClientHook):
+    """``fedproto``: CE + λ·MSE(rep, global_proto[y]); upload class prototypes."""
+
+    name = "fedproto"
+
+    def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
+        received_prototypes(run)  # validates; the loss reads run.received
+
+    def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
+        table, known = received_prototypes(run)
+        lam = run.cfg.fedproto.lam
+        if not bool(known.any()) or lam == 0:
+            return None
+        table, known = table.to(run.data.x_train.device), known
+
+        def loss(reps: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+            mask = known.to(y.device)[y]
+            if not bool(mask.any()):
+                return reps.sum() * 0.0
+            return lam * F.mse_loss(reps[mask], table.to(reps.device)[y[mask]])
+
+        return loss
+
+    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+        return proto_arrays(*prototypes(run))
+
+    def evaluate(self, run: ClientRun) -> EvalStats:
+        if run.cfg.fedproto.infer == "head":
+            return super().evaluate(run)
+        table, known = received_prototypes(run)
+        if not bool(known.any()):  # nothing global yet: fall back to the head
+            return super().evaluate(run)
+
+        def nearest(x: Tensor) -> Tensor:
+            dist = torch.cdist(run.model.features(x), table.to(x.device))
+            return (-dist).masked_fill(~known.to(x.device), float("-inf"))
+
+        return evaluate(run.model, run.data.x_test, run.data.y_test, predict=nearest)
+
+
+class FedGHHook(ClientHook):
+    """``fedgh``: install the global head, CE training, upload class prototypes."""
+
+    name = "fedgh"
+
+    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+        return proto_arrays(*prototypes(run))
+
+
+class FedREHook(ClientHook):
+    """``fedre``: install the global head, CE training, upload ONE entangled
+    representation ``rep`` [d] and its soft label ``soft-label`` [C]."""
+
+    name = "fedre"
+
+    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+        rep, soft = entangled(run)
+        return {"rep": rep, "soft-label": soft}
+
+
+def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:
+    """This round's entangled pair; weights drawn from (seed, round, partition)."""
+    gen = run.generator(purpose=1)
+    mix = run.cfg.fedre.mix
+    if mix == "rsr":
+        with torch.no_grad():
+            run.model.eval()
+            reps = torch.cat([run.model.features(run.data.x_train[i:i + 500])
+                              for i in range(0, len(run.data.y_train), 500)])
+        return entangle_samples(reps, run.data.y_train, run.data.num_classes, gen)
+    means, present = prototypes(run)
+    return entangle_prototypes(means, present, mix, gen)
+
+
+__all__ = ["FedGHHook", "FedProtoHook", "FedREHook", "head_arrays"]

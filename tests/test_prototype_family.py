@@ -1,0 +1,236 @@
+"""FedRE, FedProto and FedGH: entanglement math, strategies, client behaviour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from client_app.app import HOOKS
+from client_app.app import app as client_app
+from client_app.base import open_run
+from client_app.prototypes import entangled, prototypes
+from common.records import to_numpy, to_record
+from models.entangle import entangle_prototypes, random_weights, soft_cross_entropy
+from strategies.fedgh import FedGH
+from strategies.fedproto import FedProto
+from strategies.fedre import FedRE
+from tests.replies import node, reply, strategy
+from tests.test_inprocess import run_inprocess, small_config
+
+# ----------------------------------------------------------------- entanglement math
+
+
+def test_weights_are_a_distribution_on_present_classes_only() -> None:
+    present = torch.tensor([True, False, True, True, False, False, True, False, False, True])
+    for seed in range(20):
+        w = random_weights(present, torch.Generator().manual_seed(seed))
+        assert (w >= 0).all()
+        assert abs(float(w.sum()) - 1.0) < 1e-12
+        assert (w[~present] == 0).all() and (w[present] > 0).all()
+
+
+def test_rep_is_the_weighted_sum_and_soft_label_the_weights() -> None:
+    rng = np.random.default_rng(3)
+    protos = rng.normal(size=(10, 7)).astype(np.float32)
+    present = torch.tensor([c % 3 != 0 for c in range(10)])
+    protos[~present.numpy()] = 1e6  # absent rows must not leak in
+    rep, soft = entangle_prototypes(torch.from_numpy(protos), present, "rap",
+                                    torch.Generator().manual_seed(5))
+    w = random_weights(present, torch.Generator().manual_seed(5)).numpy()
+    np.testing.assert_allclose(soft.numpy(), w, rtol=1e-6)
+    want = (w[:, None] * np.where(present.numpy()[:, None], protos, 0)).sum(0)
+    np.testing.assert_allclose(rep.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_vap_uses_equal_weights() -> None:
+    present = torch.tensor([True, True, False, True])
+    _, soft = entangle_prototypes(torch.ones(4, 3), present, "vap", torch.Generator())
+    np.testing.assert_allclose(soft.numpy(), [1 / 3, 1 / 3, 0, 1 / 3])
+
+
+# ----------------------------------------------------------------- client side
+
+
+def _run(tmp_path: Path, server_round: int, pid: int = 0, **cfg):  # type: ignore[no-untyped-def]
+    rc = small_config(tmp_path, algorithm="fedre", **cfg)
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": pid,
+                  "num-partitions": 3}, state=RecordDict(), run_config=rc)
+    return open_run(ctx, server_round, HOOKS["fedre"])
+
+
+def test_client_rep_matches_its_prototypes_and_seed(tmp_path: Path) -> None:
+    run = _run(tmp_path, server_round=4)
+    rep, soft = entangled(run)
+    means, present = prototypes(run)
+    w = random_weights(present, run.generator(purpose=1)).float()
+    np.testing.assert_allclose(soft.numpy(), w.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(rep.numpy(), (w[:, None] * means).sum(0).numpy(),
+                               rtol=1e-4, atol=1e-5)
+    assert set(np.flatnonzero(soft.numpy())) == set(np.flatnonzero(present.numpy()))
+
+
+def test_same_seed_round_node_same_weights_other_round_differs(tmp_path: Path) -> None:
+    _, a = entangled(_run(tmp_path, server_round=2))
+    _, b = entangled(_run(tmp_path, server_round=2))
+    _, c = entangled(_run(tmp_path, server_round=3))
+    _, d = entangled(_run(tmp_path, server_round=2, pid=1))
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c)
+    assert not torch.allclose(a[a > 0].sort().values[:2], d[d > 0].sort().values[:2])
+
+
+def test_client_evaluates_with_the_broadcast_head(tmp_path: Path) -> None:
+    rc = small_config(tmp_path, algorithm="fedre")
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1,
+                  "num-partitions": 3}, state=RecordDict(), run_config=rc)
+    run = open_run(ctx, 1, HOOKS["fedre"])
+    weight = np.zeros((10, 500), np.float32)
+    bias = np.zeros(10, np.float32)
+    bias[3] = 100.0  # this head always answers class 3
+    msg = Message(RecordDict({"arrays": to_record({"head.weight": weight, "head.bias": bias}),
+                              "config": ConfigRecord({"server-round": 1})}),
+                  dst_node_id=7, message_type="evaluate.fedre")
+    out = client_app(msg, ctx)
+    y = run.data.y_test.numpy()
+    assert out.content["metrics"]["correct"] == int((y == 3).sum())
+    assert out.content["metrics"]["num-examples"] == len(y)
+
+
+# ----------------------------------------------------------------- strategies
+
+
+def _fedre(num: int = 4) -> FedRE:
+    s = strategy(FedRE, [node(10 + i, i) for i in range(num)])
+    s.global_arrays = s.init_global()
+    return s
+
+
+def _pair(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.random(10)
+    return {"rep": rng.normal(size=500).astype(np.float32),
+            "soft-label": (w / w.sum()).astype(np.float32)}
+
+
+def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
+    s = _fedre()
+    pairs = [_pair(i) for i in range(4)]
+    before = s.global_arrays
+    arrays, _ = s.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(pairs)])
+    x = torch.from_numpy(np.stack([p["rep"] for p in pairs]))
+    y = torch.from_numpy(np.stack([p["soft-label"] for p in pairs]))
+
+    def loss(h: dict) -> float:
+        logits = x @ torch.from_numpy(h["head.weight"]).T + torch.from_numpy(h["head.bias"])
+        return float(soft_cross_entropy(logits, y))
+
+    after = to_numpy(arrays)
+    assert loss(after) < loss(before)
+    assert s.server_loss[1][1] < s.server_loss[1][0]
+    assert s.server_loss[1][0] == pytest.approx(loss(before), rel=1e-5)
+
+
+@pytest.mark.parametrize("poison", ["nan", "shape", "not-a-distribution", "extra-key"])
+def test_fedre_poisoned_reply_is_ignored(poison: str) -> None:
+    good = [_pair(i) for i in range(3)]
+    ref = _fedre()
+    want, _ = ref.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(good)])
+    bad = _pair(9)
+    if poison == "nan":
+        bad["rep"][0] = np.nan
+    elif poison == "shape":
+        bad["rep"] = bad["rep"][:10]
+    elif poison == "not-a-distribution":
+        bad["soft-label"] = bad["soft-label"] * 3
+    else:
+        bad["extra"] = bad["rep"]
+    s = _fedre()
+    got, _ = s.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(good)]
+                               + [reply(13, bad, 50)])
+    for k in want:
+        np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
+    assert [n for _, n, _ in s.rejected] == [13]
+
+
+def test_fedproto_per_class_mean_with_disjoint_class_sets() -> None:
+    a = node(10, 0, counts=(5, 5, 0, 0))
+    b = node(11, 1, counts=(0, 0, 5, 5))
+    c = node(12, 2, counts=(0, 5, 5, 0))
+    s = strategy(FedProto, [a, b, c])
+    rng = np.random.default_rng(0)
+    up = {n.node_id: {f"proto.{k}": rng.normal(size=500).astype(np.float32)
+                      for k, cnt in enumerate(n.class_counts) if cnt}
+          for n in (a, b, c)}
+    arrays, _ = s.aggregate_train(1, [reply(nid, u, 10) for nid, u in up.items()])
+    got = to_numpy(arrays)
+    assert sorted(got) == ["proto.0", "proto.1", "proto.2", "proto.3"]
+    np.testing.assert_allclose(got["proto.0"], up[10]["proto.0"], rtol=1e-6)
+    np.testing.assert_allclose(got["proto.1"], (up[10]["proto.1"] + up[12]["proto.1"]) / 2,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["proto.2"], (up[11]["proto.2"] + up[12]["proto.2"]) / 2,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["proto.3"], up[11]["proto.3"], rtol=1e-6)
+
+
+def test_fedproto_rejects_prototypes_of_classes_a_client_lacks() -> None:
+    a = node(10, 0, counts=(5, 5, 0, 0))
+    s = strategy(FedProto, [a])
+    z = np.zeros(500, np.float32)
+    s.aggregate_train(1, [reply(10, {"proto.0": z, "proto.1": z, "proto.2": z}, 10)])
+    assert s.rejected and "wrong keys" in s.rejected[0][2]
+
+
+def test_fedgh_trains_the_head_on_prototypes() -> None:
+    nodes = [node(10, 0, counts=(5, 5, 0)), node(11, 1, counts=(0, 5, 5))]
+    nodes = [n.__class__(**{**n.__dict__, "num_classes": 3}) for n in nodes]
+    s = strategy(FedGH, nodes)
+    s.global_arrays = s.init_global()
+    rng = np.random.default_rng(1)
+    ups = {10: {"proto.0": rng.normal(size=500), "proto.1": rng.normal(size=500)},
+           11: {"proto.1": rng.normal(size=500), "proto.2": rng.normal(size=500)}}
+    ups = {k: {kk: vv.astype(np.float32) for kk, vv in v.items()} for k, v in ups.items()}
+    before = s.global_arrays
+    arrays, _ = s.aggregate_train(1, [reply(k, v, 10) for k, v in ups.items()]
+                                  + [reply(11, {"proto.0": ups[10]["proto.0"]}, 10)])
+    after = to_numpy(arrays)
+    x = torch.from_numpy(np.stack([ups[10]["proto.0"], ups[10]["proto.1"],
+                                   ups[11]["proto.1"], ups[11]["proto.2"]]))
+    y = torch.tensor([0, 1, 1, 2])
+
+    def ce(h: dict) -> float:
+        logits = x @ torch.from_numpy(h["head.weight"]).T + torch.from_numpy(h["head.bias"])
+        return float(torch.nn.functional.cross_entropy(logits, y))
+
+    assert ce(after) < ce(before)
+    assert [n for _, n, _ in s.rejected] == [11]  # the second reply lacks its classes
+
+
+# ----------------------------------------------------------------- in-process rounds
+
+
+@pytest.mark.parametrize("algorithm", ["fedre", "fedproto", "fedgh"])
+def test_two_rounds(tmp_path: Path, algorithm: str) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm=algorithm)
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert all(r["valid-replies"] == 3 for r in res["rounds"])
+    assert all(0 <= r["accuracy"] <= 1 for r in res["rounds"])
+
+
+def test_fedre_uploads_exactly_d_plus_c_floats(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="fedre")
+    assert all(r["bytes-up-per-client"] == (500 + 10) * 4 for r in res["rounds"])
+
+
+@pytest.mark.parametrize("mix", ["vap", "rsr"])
+def test_fedre_ablation_variants_run(tmp_path: Path, mix: str) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="fedre", **{"fedre.mix": mix})
+    assert all(r["valid-replies"] == 3 for r in res["rounds"])
+
+
+def test_fedproto_nearest_prototype_inference(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="fedproto", **{"fedproto.infer": "proto"})
+    assert res["rounds"][-1]["accuracy"] > 0.2
