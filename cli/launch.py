@@ -57,8 +57,14 @@ class Processes:
 
     def start(self, name: str, cmd: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(cmd, env=self.env, cwd=cwd, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
@@ -68,10 +74,8 @@ class Processes:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -82,8 +86,12 @@ class Processes:
             self.stop(name)
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None,
-              context: object | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    context: object | None = None,
+) -> None:
     """Poll ``url`` until it answers 2xx; fail early if ``proc`` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,17 +105,22 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = N
     raise TimeoutError(f"{url} not up after {timeout:.0f} s")
 
 
-def write_connection(flwr_home: Path, name: str, address: str, *,
-                     root_certificates: Path | None = None) -> None:
+def write_connection(
+    flwr_home: Path, name: str, address: str, *, root_certificates: Path | None = None
+) -> None:
     """Add (or replace) a SuperLink connection in ``$FLWR_HOME/config.toml``."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
-    text = path.read_text() if path.exists() else '[superlink]\ndefault = "local"\n\n' \
-        '[superlink.local]\naddress = ":local:"\n'
+    text = (
+        path.read_text()
+        if path.exists()
+        else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+    )
     text = re.sub(rf"\n\[superlink\.{re.escape(name)}\]\n(?:[^\[].*\n?)*", "\n", text)
     block = f'\n[superlink.{name}]\naddress = "{address}"\n'
-    block += (f'root-certificates = "{root_certificates}"\n' if root_certificates
-              else "insecure = true\n")
+    block += (
+        f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
+    )
     path.write_text(text.rstrip("\n") + "\n" + block)
 
 
@@ -128,8 +141,14 @@ def write_run_config(overrides: Mapping[str, Scalar], directory: Path) -> Path:
 
 def run_status(env: dict[str, str], conn: str, run_id: int, cwd: Path) -> str:
     """The run's status string as ``flwr list`` reports it (e.g. finished:completed)."""
-    out = subprocess.run(["flwr", "list", conn, "--run-id", str(run_id), "--format", "json"],
-                         env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["flwr", "list", conn, "--run-id", str(run_id), "--format", "json"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     try:
         runs = json.loads(out.stdout)["runs"]
         return str(runs[0]["status"])
@@ -150,15 +169,29 @@ class RunOutcome:
         return self.status == "finished:completed"
 
 
-def stream_run(cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path,
-               echo: Callable[[str], None] | None, timeout: float) -> int | None:
+def stream_run(
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    log_path: Path,
+    echo: Callable[[str], None] | None,
+    timeout: float,
+) -> int | None:
     """Run ``flwr run ... --stream``, log everything, echo lines; return the run id."""
     run_id = None
     deadline = time.monotonic() + timeout
-    with log_path.open("a") as log, subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    ) as proc:
+    with (
+        log_path.open("a") as log,
+        subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        ) as proc,
+    ):
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -177,19 +210,30 @@ def stream_run(cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path,
 
 
 @contextlib.contextmanager
-def simulation_superlink(flwr_home: Path, extra_env: Mapping[str, str] | None = None
-                         ) -> Iterator[tuple[str, dict[str, str], Processes]]:
+def simulation_superlink(
+    flwr_home: Path, extra_env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, dict[str, str], Processes]]:
     """A simulation SuperLink on free loopback ports; yields (connection, env, procs)."""
     env = flower_env(flwr_home, extra_env)
     procs = Processes(env, flwr_home / "logs")
     port = free_port()
     conn = f"fedhet-sim-{port}"
     try:
-        sl = procs.start("superlink", [
-            "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--disable-runtime-dependency-installation",
-        ])
+        sl = procs.start(
+            "superlink",
+            [
+                "flower-superlink",
+                "--insecure",
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+            ],
+        )
         wait_http(f"http://127.0.0.1:{port}/health", 60, sl)
         write_connection(flwr_home, conn, f"127.0.0.1:{port}")
         yield conn, env, procs
@@ -197,20 +241,34 @@ def simulation_superlink(flwr_home: Path, extra_env: Mapping[str, str] | None = 
         procs.stop_all()
 
 
-def run_simulation(app_dir: Path, overrides: Mapping[str, Scalar], *,
-                   num_supernodes: int, cpus_per_client: int = 1,
-                   flwr_home: Path | None = None, timeout: float = 3600,
-                   echo: Callable[[str], None] | None = None,
-                   extra_env: Mapping[str, str] | None = None) -> RunOutcome:
+def run_simulation(
+    app_dir: Path,
+    overrides: Mapping[str, Scalar],
+    *,
+    num_supernodes: int,
+    cpus_per_client: int = 1,
+    flwr_home: Path | None = None,
+    timeout: float = 3600,
+    echo: Callable[[str], None] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> RunOutcome:
     """``flwr run app_dir`` as a local simulation on its own SuperLink; clean up after."""
     app_dir = Path(app_dir).resolve()
     home = Path(flwr_home or os.environ.get("FLWR_HOME") or app_dir / ".flwr").resolve()
-    with tempfile.TemporaryDirectory() as tmp, \
-            simulation_superlink(home, extra_env) as (conn, env, _):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        simulation_superlink(home, extra_env) as (conn, env, _),
+    ):
         log_path = home / "logs" / f"{conn}.run.log"
-        cmd = ["flwr", "run", str(app_dir), conn, "--stream",
-               "--federation-config",
-               f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"]
+        cmd = [
+            "flwr",
+            "run",
+            str(app_dir),
+            conn,
+            "--stream",
+            "--federation-config",
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}",
+        ]
         if overrides:
             cmd += ["--run-config", str(write_run_config(overrides, Path(tmp)))]
         run_id = stream_run(cmd, env, app_dir, log_path, echo, timeout)

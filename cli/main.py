@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 from typing import Annotated
 
+import tomllib
 import typer
 
 from common.config import ConfigError, Scalar, flatten, parse_run_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="fedhet: model-heterogeneous personalized FL on Flower.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="fedhet: model-heterogeneous personalized FL on Flower.",
+)
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -55,8 +58,14 @@ def config_from(pairs: list[str]):  # type: ignore[no-untyped-def]
         raise typer.Exit(2) from None
 
 
-RunConfigOpt = Annotated[list[str], typer.Option(
-    "--run-config", "-c", help="key=value overrides, as for `flwr run --run-config`.")]
+RunConfigOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--run-config",
+        "-c",
+        help="key=value overrides, as for `flwr run --run-config`.",
+    ),
+]
 
 
 @app.command()
@@ -75,8 +84,13 @@ def simulate(
         if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:
             typer.echo(line)
 
-    outcome = run_simulation(APP_DIR, overrides, num_supernodes=num_supernodes,
-                             cpus_per_client=cpus_per_client, echo=echo)
+    outcome = run_simulation(
+        APP_DIR,
+        overrides,
+        num_supernodes=num_supernodes,
+        cpus_per_client=cpus_per_client,
+        echo=echo,
+    )
     typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")
     if not outcome.ok:
         raise typer.Exit(1)
@@ -87,9 +101,12 @@ def partition(
     run_config: RunConfigOpt = [],  # noqa: B006
     num_partitions: Annotated[int, typer.Option("--num-partitions", "-n")] = 20,
     heatmap: Annotated[Path, typer.Option(help="Where to write the PNG heatmap.")] = Path(
-        "partition.png"),
-    export: Annotated[Path | None, typer.Option(
-        help="Also write the partition in the clients-npz layout to this folder.")] = None,
+        "partition.png"
+    ),
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Also write the partition in the clients-npz layout to this folder."),
+    ] = None,
 ) -> None:
     """Print per-client sample and class counts of a data config; draw a heatmap."""
     from cli.partition_view import heatmap_png, table
@@ -107,8 +124,10 @@ def partition(
     typer.echo(f"heatmap: {heatmap}")
     if export is not None:
         export_partition(cfg.data, num_partitions, cfg.seed, export)
-        typer.echo(f"exported clients-npz layout to {export} "
-                   f"(run it with data.name='clients-npz' data.root='{export}')")
+        typer.echo(
+            f"exported clients-npz layout to {export} "
+            f"(run it with data.name='clients-npz' data.root='{export}')"
+        )
 
 
 def _data_title(cfg) -> str:  # type: ignore[no-untyped-def]

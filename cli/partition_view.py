@@ -19,8 +19,10 @@ def table(summary: dict[str, Any]) -> str:
     head = "client  train  test  | " + " ".join(f"{c:>5d}" for c in range(classes))
     rows = [head, "-" * len(head)]
     for cid in range(train.shape[0]):
-        rows.append(f"{cid:>6d} {train[cid].sum():>6d} {test[cid].sum():>5d}  | "
-                    + " ".join(f"{v:>5d}" for v in train[cid]))
+        rows.append(
+            f"{cid:>6d} {train[cid].sum():>6d} {test[cid].sum():>5d}  | "
+            + " ".join(f"{v:>5d}" for v in train[cid])
+        )
     rows.append(f" total {train.sum():>6d} {test.sum():>5d}")
     return "\n".join(rows)
 
@@ -33,8 +35,9 @@ def heatmap_png(summary: dict[str, Any], path: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     train = _counts(summary, "train")
-    fig, ax = plt.subplots(figsize=(max(5, train.shape[1] * 0.45 + 2),
-                                    max(3, train.shape[0] * 0.25 + 1.5)))
+    fig, ax = plt.subplots(
+        figsize=(max(5, train.shape[1] * 0.45 + 2), max(3, train.shape[0] * 0.25 + 1.5))
+    )
     im = ax.imshow(train, aspect="auto", cmap="viridis")
     ax.set_xlabel("class")
     ax.set_ylabel("client (partition id)")

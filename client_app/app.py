@@ -6,13 +6,24 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import ClientHook, open_run, profile_record, run_config
+from client_app.fedara import FedARAHook
+from client_app.fedlora import FedLoRAHook
 from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
 from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook
 from common.records import to_record, to_torch
 
 HOOKS: dict[str, ClientHook] = {
-    h.name: h for h in (LocalHook(), FedAvgHook(), LGFedAvgHook(), FedProtoHook(),
-                        FedGHHook(), FedREHook())
+    h.name: h
+    for h in (
+        LocalHook(),
+        FedAvgHook(),
+        LGFedAvgHook(),
+        FedProtoHook(),
+        FedGHHook(),
+        FedREHook(),
+        FedARAHook(),
+        FedLoRAHook(),
+    )
 }
 
 app = ClientApp()
@@ -22,8 +33,10 @@ app = ClientApp()
 def profile(msg: Message, context: Context) -> Message:
     """Tell the server who this node is (partition, architecture, data sizes)."""
     hook = HOOKS[run_config(context).algorithm]
-    return Message(RecordDict({"profile": ConfigRecord(profile_record(context, hook))}),
-                   reply_to=msg)
+    return Message(
+        RecordDict({"profile": ConfigRecord(profile_record(context, hook))}),
+        reply_to=msg,
+    )
 
 
 def _round(msg: Message) -> int:
@@ -38,13 +51,14 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     stats = hook.train(run)
     upload = hook.upload(run)
     run.save()
-    metrics = MetricRecord({
-        "num-examples": len(run.data.y_train),
-        "train-loss": stats.loss,
-        "train-time-s": stats.seconds,
-    })
-    return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}),
-                   reply_to=msg)
+    metrics = MetricRecord(
+        {
+            "num-examples": len(run.data.y_train),
+            "train-loss": stats.loss,
+            "train-time-s": stats.seconds,
+        }
+    )
+    return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}), reply_to=msg)
 
 
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
@@ -53,12 +67,14 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
     run.received = to_torch(msg.content["arrays"])
     hook.install(run, run.received)
     stats = hook.evaluate(run)
-    metrics = MetricRecord({
-        "num-examples": stats.num_examples,
-        "correct": stats.correct,
-        "loss-sum": stats.loss_sum,
-        "accuracy": stats.accuracy,
-    })
+    metrics = MetricRecord(
+        {
+            "num-examples": stats.num_examples,
+            "correct": stats.correct,
+            "loss-sum": stats.loss_sum,
+            "accuracy": stats.accuracy,
+        }
+    )
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 

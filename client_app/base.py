@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -50,8 +50,12 @@ class NodeSpec:
     """The full node config (profile, rank-ratio, ...)."""
 
     @classmethod
-    def from_context(cls, cfg: RunConfig, node_config: Mapping[str, Scalar],
-                     base_arch: str | None = None) -> NodeSpec:
+    def from_context(
+        cls,
+        cfg: RunConfig,
+        node_config: Mapping[str, Scalar],
+        base_arch: str | None = None,
+    ) -> NodeSpec:
         try:
             pid = int(node_config["partition-id"])
             num = int(node_config["num-partitions"])
@@ -62,10 +66,10 @@ class NodeSpec:
             ) from None
         if not 0 <= pid < num:
             raise ValueError(f"node-config partition-id={pid} not in [0, {num})")
-        arch = str(node_config.get("model") or base_arch
-                   or arch_for_partition(cfg.model.family, pid))
-        return cls(partition_id=pid, num_partitions=num, arch=arch,
-                   options=dict(node_config))
+        arch = str(
+            node_config.get("model") or base_arch or arch_for_partition(cfg.model.family, pid)
+        )
+        return cls(partition_id=pid, num_partitions=num, arch=arch, options=dict(node_config))
 
 
 def derive_seed(*parts: int) -> int:
@@ -85,6 +89,8 @@ class ClientRun:
     server_round: int
     received: dict[str, Tensor] = field(default_factory=dict)
     """What the server sent with this message, by name (set by the handler)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """Per-message facts a hook derives once (e.g. FedARA's tier)."""
 
     def generator(self, purpose: int = 0) -> torch.Generator:
         """A generator seeded by (seed, round, partition, purpose)."""
@@ -94,8 +100,13 @@ class ClientRun:
     @property
     def sgd(self) -> SGDSettings:
         t = self.cfg.train
-        return SGDSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                           momentum=t.momentum, weight_decay=t.weight_decay)
+        return SGDSettings(
+            epochs=t.local_epochs,
+            batch_size=t.batch_size,
+            lr=t.lr,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+        )
 
     def save(self) -> None:
         """Persist the personal model for the next round."""
@@ -121,8 +132,11 @@ def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun
     node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
     data = load_client_data(cfg.data, node.partition_id, node.num_partitions, cfg.seed)
     model = build_model(
-        node.arch, in_channels=data.in_channels, num_classes=data.num_classes,
-        image_size=data.image_size, feature_dim=feature_dim(cfg),
+        node.arch,
+        in_channels=data.in_channels,
+        num_classes=data.num_classes,
+        image_size=data.image_size,
+        feature_dim=feature_dim(cfg),
         small_stem=cfg.model.small_input_stem,
         seed=derive_seed(cfg.seed, node.partition_id),
     )
@@ -160,8 +174,10 @@ class ClientHook:
             raise ValueError(f"server sent keys this model lacks: {unknown[:5]}")
         for key, value in arrays.items():
             if own[key].shape != value.shape:
-                raise ValueError(f"server sent '{key}' with shape {tuple(value.shape)}, "
-                                 f"model has {tuple(own[key].shape)}")
+                raise ValueError(
+                    f"server sent '{key}' with shape {tuple(value.shape)}, "
+                    f"model has {tuple(own[key].shape)}"
+                )
         run.model.load_state_dict(arrays, strict=False)
 
     def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
@@ -170,8 +186,14 @@ class ClientHook:
 
     def train(self, run: ClientRun) -> TrainStats:
         """Local training with the shared loop."""
-        return train(run.model, run.data.x_train, run.data.y_train, run.sgd,
-                     run.generator(), extra_loss=self.extra_loss(run))
+        return train(
+            run.model,
+            run.data.x_train,
+            run.data.y_train,
+            run.sgd,
+            run.generator(),
+            extra_loss=self.extra_loss(run),
+        )
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         """What goes back to the server after training (default: nothing)."""

@@ -21,8 +21,7 @@ PROTO = "proto."
 
 def prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
     """``(means [C, d], present bool [C])`` of the trained model on training data."""
-    means, counts = class_means(run.model, run.data.x_train, run.data.y_train,
-                                run.data.num_classes)
+    means, counts = class_means(run.model, run.data.x_train, run.data.y_train, run.data.num_classes)
     return means, counts > 0
 
 
@@ -112,8 +111,12 @@ def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:
     if mix == "rsr":
         with torch.no_grad():
             run.model.eval()
-            reps = torch.cat([run.model.features(run.data.x_train[i:i + 500])
-                              for i in range(0, len(run.data.y_train), 500)])
+            reps = torch.cat(
+                [
+                    run.model.features(run.data.x_train[i : i + 500])
+                    for i in range(0, len(run.data.y_train), 500)
+                ]
+            )
         return entangle_samples(reps, run.data.y_train, run.data.num_classes, gen)
     means, present = prototypes(run)
     return entangle_prototypes(means, present, mix, gen)

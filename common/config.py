@@ -155,8 +155,7 @@ class FedARAConfig(_Section):
         except ValueError:
             tiers = []
         if not tiers or any(not 0 < t <= 1 for t in tiers):
-            raise ValueError("must be comma-separated rank ratios in (0, 1], "
-                             "e.g. '1,0.5,0.25'")
+            raise ValueError("must be comma-separated rank ratios in (0, 1], e.g. '1,0.5,0.25'")
         return text
 
     def tiers(self) -> list[float]:
@@ -226,9 +225,7 @@ class RunConfig(_Section):
 
     def resolved_out_dir(self, timestamp: str) -> Path:
         """``out-dir`` with ``{algorithm}``, ``{seed}``, ``{timestamp}`` filled in."""
-        text = self.out_dir.format(
-            algorithm=self.algorithm, seed=self.seed, timestamp=timestamp
-        )
+        text = self.out_dir.format(algorithm=self.algorithm, seed=self.seed, timestamp=timestamp)
         return Path(os.path.expanduser(text)).resolve()
 
 

@@ -33,12 +33,10 @@ class Run:
 
     def group_key(self) -> tuple[tuple[str, Any], ...]:
         """Everything but ``seed`` and ``out-dir``: runs differing only in seed fold."""
-        return tuple(sorted((k, v) for k, v in self.config.items()
-                            if k not in ("seed", "out-dir")))
+        return tuple(sorted((k, v) for k, v in self.config.items() if k not in ("seed", "out-dir")))
 
     def curve(self) -> tuple[list[int], list[float]]:
-        pts = [(r["round"], r["accuracy"]) for r in self.rounds
-               if r.get("accuracy") is not None]
+        pts = [(r["round"], r["accuracy"]) for r in self.rounds if r.get("accuracy") is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
 
     def per_client_round(self, key: str) -> float:
@@ -64,8 +62,14 @@ def distinguishing_label(group: list[Run], groups: list[list[Run]]) -> str:
     """Algorithm name plus the config keys that set this group apart from others."""
     base = group[0]
     same_algo = [g[0] for g in groups if g[0].label == base.label and g is not group]
-    diffs = sorted({k for other in same_algo for k, v in base.config.items()
-                    if k not in ("seed", "out-dir") and other.config.get(k) != v})
+    diffs = sorted(
+        {
+            k
+            for other in same_algo
+            for k, v in base.config.items()
+            if k not in ("seed", "out-dir") and other.config.get(k) != v
+        }
+    )
     extra = ", ".join(f"{k}={base.config[k]}" for k in diffs)
     return f"{base.label} ({extra})" if extra else base.label
 
@@ -79,10 +83,12 @@ def markdown_table(runs: Sequence[Run]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for group in groups:
-        last = [r.summary["accuracy-last"] for r in group
-                if r.summary.get("accuracy-last") is not None]
-        best = [r.summary["accuracy-best"] for r in group
-                if r.summary.get("accuracy-best") is not None]
+        last = [
+            r.summary["accuracy-last"] for r in group if r.summary.get("accuracy-last") is not None
+        ]
+        best = [
+            r.summary["accuracy-best"] for r in group if r.summary.get("accuracy-best") is not None
+        ]
         up = statistics.fmean(r.per_client_round("bytes-up-per-client") for r in group)
         down = statistics.fmean(r.per_client_round("bytes-down-per-client") for r in group)
         wall = [r.summary["wall-time-s"] for r in group]
@@ -121,8 +127,13 @@ def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
         mean = [statistics.fmean(v) for v in ys]
         line = ax.plot(xs[:n], mean, label=distinguishing_label(group, groups))[0]
         if len(group) > 1:
-            ax.fill_between(xs[:n], [min(v) for v in ys], [max(v) for v in ys],
-                            color=line.get_color(), alpha=0.2)
+            ax.fill_between(
+                xs[:n],
+                [min(v) for v in ys],
+                [max(v) for v in ys],
+                color=line.get_color(),
+                alpha=0.2,
+            )
     ax.set_xlabel("round")
     ax.set_ylabel("personalized accuracy (Σcorrect/Σsamples)")
     if title:

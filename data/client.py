@@ -78,9 +78,7 @@ class ClientData:
     train_class_counts: NDArray[np.int64]
 
 
-def to_tensor(
-    x: NDArray[Any], mean: tuple[float, ...], std: tuple[float, ...]
-) -> torch.Tensor:
+def to_tensor(x: NDArray[Any], mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """Images as a ``float32 [n, C, H, W]`` tensor.
 
     ``uint8 [n, H, W(, C)]`` is scaled to ``[0, 1]`` and normalised with the
@@ -93,9 +91,7 @@ def to_tensor(
     images = x[..., None] if x.ndim == 3 else x
     tensor = torch.from_numpy(images).permute(0, 3, 1, 2).to(torch.float32).contiguous()
     shape = (1, -1, 1, 1)
-    tensor.div_(255.0).sub_(torch.tensor(mean).view(shape)).div_(
-        torch.tensor(std).view(shape)
-    )
+    tensor.div_(255.0).sub_(torch.tensor(mean).view(shape)).div_(torch.tensor(std).view(shape))
     return tensor
 
 
@@ -105,12 +101,8 @@ def _read_client_file(path: Path) -> tuple[NDArray[Any], NDArray[np.int64]]:
         with np.load(path, allow_pickle=False) as archive:
             x, y = archive["x"], archive["y"]
     except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(
-            f"cannot read arrays 'x' and 'y' from {path}: {exc}"
-        ) from None
-    uint8_ok = x.dtype == np.uint8 and (
-        x.ndim == 3 or (x.ndim == 4 and x.shape[-1] in (1, 3))
-    )
+        raise ConfigError(f"cannot read arrays 'x' and 'y' from {path}: {exc}") from None
+    uint8_ok = x.dtype == np.uint8 and (x.ndim == 3 or (x.ndim == 4 and x.shape[-1] in (1, 3)))
     float_ok = x.dtype == np.float32 and x.ndim == 4 and x.shape[1] in (1, 3)
     if not (uint8_ok or float_ok):
         raise ConfigError(
@@ -134,10 +126,7 @@ def _folder_info(folder: str) -> tuple[int, Stats]:
     if meta is not None:
         return int(meta["num_classes"]), (tuple(meta["mean"]), tuple(meta["std"]))
     num_classes = int(partition_summary(path)["num_classes"])
-    images = [
-        _read_client_file(client_files(path, i)[0])[0]
-        for i in range(count_clients(path))
-    ]
+    images = [_read_client_file(client_files(path, i)[0])[0] for i in range(count_clients(path))]
     if images[0].dtype == np.float32:
         channels = images[0].shape[1]
         return num_classes, ((0.0,) * channels, (1.0,) * channels)
@@ -162,9 +151,7 @@ def _client_data(
         num_classes=num_classes,
         in_channels=int(x_train.shape[1]),
         image_size=int(x_train.shape[2]),
-        train_class_counts=np.bincount(train[1], minlength=num_classes).astype(
-            np.int64
-        ),
+        train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
     )
 
 
@@ -213,9 +200,7 @@ def load_client_data(
         The client's normalised tensors and metadata.
     """
     if not 0 <= partition_id < num_partitions:
-        raise ConfigError(
-            f"partition id {partition_id} is outside 0 .. {num_partitions - 1}"
-        )
+        raise ConfigError(f"partition id {partition_id} is outside 0 .. {num_partitions - 1}")
     key = (cfg, partition_id, num_partitions, seed)
     if key in _CACHE:
         _CACHE.move_to_end(key)
@@ -290,9 +275,7 @@ def load_local_data(
             {"name": name, "root": str(path), "train_fraction": train_fraction}
         )
     except ValidationError as exc:
-        raise ConfigError(
-            f"invalid local data settings: {exc.errors()[0]['msg']}"
-        ) from None
+        raise ConfigError(f"invalid local data settings: {exc.errors()[0]['msg']}") from None
     ds = load_arrays(cfg)
     stats = (ds.mean, ds.std)
     if ds.x_test is not None and ds.y_test is not None:

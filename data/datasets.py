@@ -103,9 +103,7 @@ def _tiny_imagenet(cfg: DataConfig) -> Dataset:
 def _check_images(x: NDArray[np.generic], where: str) -> NDArray[np.uint8]:
     """Validate ``uint8`` images ``[N, H, W]`` or ``[N, H, W, C]``; return 4-D."""
     if x.dtype != np.uint8:
-        raise ConfigError(
-            f"{where} has dtype {x.dtype}; expected uint8 pixels in 0..255"
-        )
+        raise ConfigError(f"{where} has dtype {x.dtype}; expected uint8 pixels in 0..255")
     if x.ndim == 3:
         x = x[..., None]
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or len(x) == 0:
@@ -157,9 +155,7 @@ def _npz(cfg: DataConfig) -> Dataset:
     x_test = y_test = None
     if "x_test" in arrays:
         x_test = _check_images(arrays["x_test"], f"array 'x_test' in {path}")
-        y_test = _check_labels(
-            arrays["y_test"], len(x_test), f"array 'y_test' in {path}"
-        )
+        y_test = _check_labels(arrays["y_test"], len(x_test), f"array 'y_test' in {path}")
         if x_test.shape[1:] != x.shape[1:]:
             raise ConfigError(
                 f"array 'x_test' in {path} has images of shape {x_test.shape[1:]}, "
@@ -194,9 +190,7 @@ def synthetic(num_train: int = 2000, num_test: int = 500) -> Dataset:
 
     def draw(count: int) -> tuple[NDArray[np.uint8], NDArray[np.int64]]:
         labels = rng.permutation(np.arange(count) % 10).astype(np.int64)
-        pixels = (
-            40.0 + 170.0 * patterns[labels] + rng.normal(0.0, 35.0, (count, 28, 28))
-        )
+        pixels = 40.0 + 170.0 * patterns[labels] + rng.normal(0.0, 35.0, (count, 28, 28))
         return np.clip(pixels, 0, 255).astype(np.uint8)[..., None], labels
 
     x_train, y_train = draw(num_train)

@@ -21,9 +21,7 @@ TINY_IMAGENET_SIZE = (64, 64)
 Arrays = tuple[NDArray[np.uint8], NDArray[np.int64]]
 
 
-def read_images(
-    paths: Sequence[Path], size: tuple[int, int], mode: str
-) -> NDArray[np.uint8]:
+def read_images(paths: Sequence[Path], size: tuple[int, int], mode: str) -> NDArray[np.uint8]:
     """Decode image files into one ``uint8`` array of shape ``[N, H, W, C]``.
 
     Parameters
@@ -98,9 +96,7 @@ def load_tiny_imagenet(root: Path) -> tuple[Arrays, Arrays]:
     train_labels: list[int] = []
     for wnid in wnids:
         folder = base / "train" / wnid
-        files = sorted((folder / "images").glob("*.JPEG")) or sorted(
-            folder.glob("*.JPEG")
-        )
+        files = sorted((folder / "images").glob("*.JPEG")) or sorted(folder.glob("*.JPEG"))
         if not files:
             raise ConfigError(f"Tiny-ImageNet: no training images in {folder}")
         train_files += files
@@ -128,16 +124,12 @@ def _labels(values: list[int]) -> NDArray[np.int64]:
 def _list_image_folder(root: Path) -> tuple[list[Path], list[int], list[str]]:
     """Image files, their class indices and the sorted class names."""
     try:
-        folders = sorted(
-            d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
-        )
+        folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
         files: list[Path] = []
         labels: list[int] = []
         names: list[str] = []
         for folder in folders:
-            images = sorted(
-                p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES
-            )
+            images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
             if images:
                 files += images
                 labels += [len(names)] * len(images)

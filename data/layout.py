@@ -34,11 +34,7 @@ def count_clients(folder: Path) -> int:
 def clients_npz_dir(cfg: DataConfig, num_partitions: int) -> Path:
     """Validate ``data.root`` as a clients-npz folder with enough clients."""
     folder = Path(cfg.root).expanduser()
-    if (
-        not cfg.root
-        or not (folder / "train").is_dir()
-        or not (folder / "test").is_dir()
-    ):
+    if not cfg.root or not (folder / "train").is_dir() or not (folder / "test").is_dir():
         raise ConfigError(
             f"data.root = {cfg.root!r} is not a clients-npz folder; it must hold "
             "train/<id>.npz and test/<id>.npz (id = 0, 1, ...)"

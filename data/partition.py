@@ -300,9 +300,7 @@ def split_train_test(
     return np.sort(shuffled[:n_train]), np.sort(shuffled[n_train:])
 
 
-def stratified_fraction(
-    labels: ArrayLike, fraction: float, rng: np.random.Generator
-) -> IndexArray:
+def stratified_fraction(labels: ArrayLike, fraction: float, rng: np.random.Generator) -> IndexArray:
     """A random, per-class share of the samples; no class is ever dropped.
 
     Parameters

@@ -92,9 +92,7 @@ def partition_key(cfg: DataConfig, num_partitions: int, seed: int) -> str:
     return f"{cfg.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
-def _pool(
-    ds: Dataset, cfg: DataConfig
-) -> tuple[NDArray[np.uint8], NDArray[np.int64], bool]:
+def _pool(ds: Dataset, cfg: DataConfig) -> tuple[NDArray[np.uint8], NDArray[np.int64], bool]:
     """The samples to partition, and whether a global test set is written."""
     if cfg.protocol == "official":
         if ds.x_test is None:
@@ -125,9 +123,7 @@ def _client_shares(
     if cfg.partition == "dirichlet":
         parts = dirichlet(kept, num_partitions, cfg.alpha, rng, min_size)
     elif cfg.partition == "pathological":
-        parts = pathological(
-            kept, num_partitions, cfg.classes_per_client, rng, min_size
-        )
+        parts = pathological(kept, num_partitions, cfg.classes_per_client, rng, min_size)
     else:
         parts = iid(kept, num_partitions, rng, min_size)
     return [keep[part] for part in parts]
@@ -216,9 +212,7 @@ def prepare_partition(cfg: DataConfig, num_partitions: int, seed: int) -> Path:
     if cfg.name == "clients-npz":
         return clients_npz_dir(cfg, num_partitions)
     if num_partitions < 1:
-        raise ConfigError(
-            f"the number of partitions must be >= 1, got {num_partitions}"
-        )
+        raise ConfigError(f"the number of partitions must be >= 1, got {num_partitions}")
     root = cache_dir(cfg)
     target = root / partition_key(cfg, num_partitions, seed)
     if (target / COMPLETE_MARKER).is_file():
@@ -238,9 +232,7 @@ def prepare_partition(cfg: DataConfig, num_partitions: int, seed: int) -> Path:
     return target
 
 
-def export_partition(
-    cfg: DataConfig, num_partitions: int, seed: int, out_dir: str | Path
-) -> Path:
+def export_partition(cfg: DataConfig, num_partitions: int, seed: int, out_dir: str | Path) -> Path:
     """Write the partition for these settings to ``out_dir`` (clients-npz layout).
 
     The folder can then be used elsewhere with ``data.name = clients-npz`` and

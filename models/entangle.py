@@ -46,8 +46,9 @@ def entangle(vectors: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor,
     return (w @ vectors.double()).float(), (w @ targets.double()).float()
 
 
-def entangle_prototypes(protos: Tensor, present: Tensor, mix: Mix,
-                        generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def entangle_prototypes(
+    protos: Tensor, present: Tensor, mix: Mix, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """FedRE's RAP (random weights) or VAP (equal weights) over class prototypes.
 
     ``protos`` [C, d] (rows of absent classes ignored), ``present`` bool [C].
@@ -63,8 +64,9 @@ def entangle_prototypes(protos: Tensor, present: Tensor, mix: Mix,
     return entangle(protos, eye, w)
 
 
-def entangle_samples(reps: Tensor, labels: Tensor, num_classes: int,
-                     generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def entangle_samples(
+    reps: Tensor, labels: Tensor, num_classes: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """FedRE's RSR: random weights over raw sample representations ``reps`` [n, d]."""
     w = random_weights(torch.ones(len(labels), dtype=torch.bool), generator)
     onehot = F.one_hot(labels, num_classes).double()
@@ -76,9 +78,17 @@ def soft_cross_entropy(logits: Tensor, soft: Tensor) -> Tensor:
     return -(soft * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
-def train_head(weight: Tensor, bias: Tensor, inputs: Tensor, soft_labels: Tensor, *,
-               lr: float, epochs: int, batch_size: int, generator: torch.Generator
-               ) -> tuple[Tensor, Tensor, float, float]:
+def train_head(
+    weight: Tensor,
+    bias: Tensor,
+    inputs: Tensor,
+    soft_labels: Tensor,
+    *,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor, float, float]:
     """Plain SGD on a linear head with soft-label cross-entropy.
 
     Returns the new ``(weight, bias)`` and the mean loss on all pairs before and

@@ -43,9 +43,7 @@ _CNN_SHAPES: dict[str, tuple[int, int]] = {
 }
 
 
-def _cnn(
-    in_channels: int, image_size: int, small_stem: bool = True, *, arch: str
-) -> nn.Module:
+def _cnn(in_channels: int, image_size: int, small_stem: bool = True, *, arch: str) -> nn.Module:
     hidden, conv2 = _CNN_SHAPES[arch]
     return cnn_extractor(in_channels, image_size, hidden=hidden, conv2_channels=conv2)
 
@@ -189,9 +187,7 @@ def extractor_out_features(
 
 def _check_arch(arch: str) -> None:
     if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"unknown architecture {arch!r}; architectures: {sorted(ARCHITECTURES)}"
-        )
+        raise ValueError(f"unknown architecture {arch!r}; architectures: {sorted(ARCHITECTURES)}")
 
 
 def build_model(
@@ -237,7 +233,5 @@ def build_model(
     with rng:
         if seed is not None:
             torch.manual_seed(seed)
-        extractor = builder(
-            in_channels=in_channels, image_size=image_size, small_stem=small_stem
-        )
+        extractor = builder(in_channels=in_channels, image_size=image_size, small_stem=small_stem)
         return HetNet(extractor, feature_dim, num_classes, arch=arch)

@@ -108,18 +108,12 @@ class LowRankLinear(nn.Module):
         Whether to learn the bias (default True).
     """
 
-    def __init__(
-        self, in_features: int, out_features: int, rank: int, bias: bool = True
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.u = nn.Parameter(torch.empty(out_features, rank, dtype=torch.float32))
         self.v = nn.Parameter(torch.empty(in_features, rank, dtype=torch.float32))
-        self.bias = (
-            nn.Parameter(torch.empty(out_features, dtype=torch.float32))
-            if bias
-            else None
-        )
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=torch.float32)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -270,9 +264,7 @@ def decompose(weight: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     rows, cols = _matrix_dims(weight.shape)
     if not 1 <= rank <= min(rows, cols):
         raise ValueError(f"rank {rank} outside [1, {min(rows, cols)}]")
-    p, s, qt = torch.linalg.svd(
-        _as_matrix(weight.detach()).to(torch.float64), full_matrices=False
-    )
+    p, s, qt = torch.linalg.svd(_as_matrix(weight.detach()).to(torch.float64), full_matrices=False)
     root = s[:rank].sqrt()
     u = p[:, :rank] * root
     v = qt[:rank].T * root
@@ -397,9 +389,7 @@ def factors_from_state(
     return u, v
 
 
-def factors_to_state(
-    u: Tensor, v: Tensor, layer: str, shape: tuple[int, ...]
-) -> dict[str, Tensor]:
+def factors_to_state(u: Tensor, v: Tensor, layer: str, shape: tuple[int, ...]) -> dict[str, Tensor]:
     """State entries of ``layer``'s factors (module order; bias not included)."""
     u_key, v_key = lowrank_state_keys(layer, shape)
     if len(shape) == 2:

@@ -76,8 +76,7 @@ class HetNet(nn.Module):
         super().__init__()
         if feature_dim < 1 or num_classes < 1:
             raise ValueError(
-                f"feature_dim ({feature_dim}) and num_classes ({num_classes}) "
-                "must be positive"
+                f"feature_dim ({feature_dim}) and num_classes ({num_classes}) must be positive"
             )
         self.extractor = extractor
         self.head = nn.Linear(feature_dim, num_classes)
@@ -118,9 +117,7 @@ def cnn_flat_features(image_size: int, channels: int) -> int:
     return channels * _conv_pool_side(image_size) ** 2
 
 
-def _two_conv_stages(
-    in_channels: int, mid: int, out: int
-) -> list[tuple[str, nn.Module]]:
+def _two_conv_stages(in_channels: int, mid: int, out: int) -> list[tuple[str, nn.Module]]:
     """Layers ``conv1 .. pool2, flatten`` shared by the CNN extractors."""
     return [
         ("conv1", nn.Conv2d(in_channels, mid, kernel_size=5)),

@@ -38,8 +38,14 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "fedhet: %s", exc)
         raise ConfigError(f"fedhet: {exc}") from None
     recorder = Recorded(strategy, cfg, out_dir)
-    log(INFO, "[fedhet] %s: %d nodes, %d rounds, results in %s", cfg.algorithm,
-        len(strategy.nodes), cfg.num_server_rounds, out_dir)
+    log(
+        INFO,
+        "[fedhet] %s: %d nodes, %d rounds, results in %s",
+        cfg.algorithm,
+        len(strategy.nodes),
+        cfg.num_server_rounds,
+        out_dir,
+    )
     recorder.start(
         grid=grid,
         initial_arrays=initial,
@@ -50,9 +56,14 @@ def main(grid: Grid, context: Context) -> None:
     path = recorder.write()
     plot_accuracy([Run.load(path)], out_dir / "accuracy.png", title=cfg.algorithm)
     summary = recorder.results()["summary"]
-    log(INFO, "[fedhet] done: accuracy last %s best %s (round %s); results: %s",
-        _fmt(summary["accuracy-last"]), _fmt(summary["accuracy-best"]),
-        summary["best-round"], path)
+    log(
+        INFO,
+        "[fedhet] done: accuracy last %s best %s (round %s); results: %s",
+        _fmt(summary["accuracy-last"]),
+        _fmt(summary["accuracy-best"]),
+        summary["best-round"],
+        path,
+    )
 
 
 def _fmt(x: float | None) -> str:

@@ -58,13 +58,21 @@ class Recorded(Strategy):
 
     def _reset(self) -> None:
         self._cur: dict[str, Any] = {
-            "bytes-up": 0, "bytes-down": 0, "bytes-down-eval": 0, "train-messages": 0,
-            "train-replies": 0, "server-time-s": 0.0, "eval": None, "train": None,
+            "bytes-up": 0,
+            "bytes-down": 0,
+            "bytes-down-eval": 0,
+            "train-messages": 0,
+            "train-replies": 0,
+            "server-time-s": 0.0,
+            "eval": None,
+            "train": None,
+            "client-bytes-up": {},
         }
 
     # ------------------------------------------------------------------ hooks
-    def configure_train(self, server_round: int, arrays: ArrayRecord,
-                        config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         t0 = time.perf_counter()
         msgs = list(self.inner.configure_train(server_round, arrays, config, grid))
         self._cur["server-time-s"] += time.perf_counter() - t0
@@ -72,11 +80,21 @@ class Recorded(Strategy):
         self._cur["train-messages"] += len(msgs)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         with_content = [r for r in replies if not r.has_error()]
-        self._cur["bytes-up"] += sum(content_bytes(r.content) for r in with_content)
+        per_client = {r.metadata.src_node_id: content_bytes(r.content) for r in with_content}
+        self._cur["bytes-up"] += sum(per_client.values())
+        nodes = self.inner.nodes
+        self._cur["client-bytes-up"] = {
+            str(nodes[n].partition_id if n in nodes else f"node-{n}"): b
+            for n, b in sorted(
+                per_client.items(),
+                key=lambda kv: nodes[kv[0]].partition_id if kv[0] in nodes else -1,
+            )
+        }
         self._cur["train-replies"] += len(with_content)
         t0 = time.perf_counter()
         arrays, metrics = self.inner.aggregate_train(server_round, replies)
@@ -84,14 +102,16 @@ class Recorded(Strategy):
         self._cur["train"] = dict(metrics) if metrics is not None else None
         return arrays, metrics
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
-                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         msgs = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
         self._cur["bytes-down-eval"] += sum(content_bytes(m.content) for m in msgs)
         return msgs
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         metrics = self.inner.aggregate_evaluate(server_round, replies)
         self._cur["eval"] = dict(metrics) if metrics is not None else None
         return metrics
@@ -133,18 +153,27 @@ class Recorded(Strategy):
             "train-loss": tr.get("train-loss"),
             "client-train-time-s": tr.get("train-time-s"),
             "bytes-down-eval": cur["bytes-down-eval"],
+            "client-bytes-up": cur["client-bytes-up"],
             "eval-clients": int(ev.get("eval-clients", 0)),
-            "client-accuracy": {str(k): v["accuracy"]
-                                for k, v in sorted(self.inner.last_eval.items())}
-            if cur["eval"] else {},
+            "client-accuracy": {
+                str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())
+            }
+            if cur["eval"]
+            else {},
         }
 
     def _print(self, row: dict[str, Any]) -> None:
         acc = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
-        log(INFO, "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | "
-            "%.1f s", row["round"], self.cfg.num_server_rounds, acc,
+        log(
+            INFO,
+            "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | %.1f s",
+            row["round"],
+            self.cfg.num_server_rounds,
+            acc,
             human_bytes(row["bytes-up-per-client"]),
-            human_bytes(row["bytes-down-per-client"]), row["round-time-s"])
+            human_bytes(row["bytes-down-per-client"]),
+            row["round-time-s"],
+        )
 
     # ------------------------------------------------------------------ output
     def results(self) -> dict[str, Any]:
@@ -162,12 +191,12 @@ class Recorded(Strategy):
                 "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
                 "wall-time-s": time.perf_counter() - self._start,
                 "rejected-replies": [
-                    {"round": r, "node-id": n, "reason": why}
-                    for r, n, why in self.inner.rejected
+                    {"round": r, "node-id": n, "reason": why} for r, n, why in self.inner.rejected
                 ],
-                "nodes": {str(n.partition_id): n.arch
-                          for n in sorted(self.inner.nodes.values(),
-                                          key=lambda n: n.partition_id)},
+                "nodes": {
+                    str(n.partition_id): n.arch
+                    for n in sorted(self.inner.nodes.values(), key=lambda n: n.partition_id)
+                },
             },
         }
 

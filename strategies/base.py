@@ -115,14 +115,22 @@ class HeteroStrategy(Strategy):
         if not unknown:
             return
         msgs = [
-            Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid,
-                    message_type="query.profile")
+            Message(
+                RecordDict({"config": ConfigRecord()}),
+                dst_node_id=nid,
+                message_type="query.profile",
+            )
             for nid in unknown
         ]
         for reply in grid.send_and_receive(msgs, timeout=self.cfg.round_timeout):
             nid = reply.metadata.src_node_id
             if reply.has_error():
-                log(WARNING, "node %d: profile query failed: %s", nid, reply.error.reason)
+                log(
+                    WARNING,
+                    "node %d: profile query failed: %s",
+                    nid,
+                    reply.error.reason,
+                )
                 continue
             self.nodes[nid] = NodeInfo.from_metrics(nid, reply.content["profile"])
 
@@ -141,19 +149,23 @@ class HeteroStrategy(Strategy):
         return to_record(self.global_arrays)
 
     # ------------------------------------------------------------------ sampling
-    def _sample(self, grid: Grid, server_round: int, fraction: float, minimum: int,
-                salt: int) -> list[NodeInfo]:
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, salt: int
+    ) -> list[NodeInfo]:
         _, online = sample_nodes(grid, self.cfg.min_available_nodes, 0)
         self.discover(grid, online)
-        known = sorted((self.nodes[n] for n in online if n in self.nodes),
-                       key=lambda n: (n.partition_id, n.node_id))
+        known = sorted(
+            (self.nodes[n] for n in online if n in self.nodes),
+            key=lambda n: (n.partition_id, n.node_id),
+        )
         k = min(len(known), max(minimum, int(round(fraction * len(known)))))
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round * 2 + salt)
         chosen = rng.sample(known, k) if k < len(known) else known
         return sorted(chosen, key=lambda n: n.partition_id)
 
-    def _messages(self, server_round: int, nodes: list[NodeInfo], kind: str,
-                  config: ConfigRecord) -> list[Message]:
+    def _messages(
+        self, server_round: int, nodes: list[NodeInfo], kind: str, config: ConfigRecord
+    ) -> list[Message]:
         msgs = []
         for node in nodes:
             cfg = ConfigRecord(dict(config))
@@ -161,18 +173,34 @@ class HeteroStrategy(Strategy):
             content = RecordDict(
                 {"arrays": to_record(self.payload(server_round, node)), "config": cfg}
             )
-            msgs.append(Message(content, dst_node_id=node.node_id,
-                                message_type=f"{kind}.{self.name}"))
+            msgs.append(
+                Message(
+                    content,
+                    dst_node_id=node.node_id,
+                    message_type=f"{kind}.{self.name}",
+                )
+            )
         return msgs
 
     # ------------------------------------------------------------------ Flower hooks
-    def configure_train(self, server_round: int, arrays: ArrayRecord,
-                        config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """One ``train.<name>`` message per sampled node."""
-        if arrays is not None and len(arrays):
+    def _adopt(self, arrays: ArrayRecord | None) -> None:
+        """The strategy keeps its own global state (set by :meth:`initial_arrays` and
+        :meth:`aggregate_train`); Flower's copy is adopted only if it has none."""
+        if not self.global_arrays and arrays is not None and len(arrays):
             self.global_arrays = to_numpy(arrays)
-        nodes = self._sample(grid, server_round, self.cfg.fraction_train,
-                             self.cfg.min_train_nodes, salt=0)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One ``train.<name>`` message per sampled node."""
+        self._adopt(arrays)
+        nodes = self._sample(
+            grid,
+            server_round,
+            self.cfg.fraction_train,
+            self.cfg.min_train_nodes,
+            salt=0,
+        )
         log(INFO, "configure_train: %d nodes", len(nodes))
         return self._messages(server_round, nodes, "train", config)
 
@@ -187,8 +215,13 @@ class HeteroStrategy(Strategy):
                 upload = self._to_upload(reply)
                 reason = self.check_upload(upload.node, upload.arrays)
             if reason is not None:
-                log(WARNING, "round %d: dropped reply of node %d: %s",
-                    server_round, nid, reason)
+                log(
+                    WARNING,
+                    "round %d: dropped reply of node %d: %s",
+                    server_round,
+                    nid,
+                    reason,
+                )
                 self.rejected.append((server_round, nid, reason))
                 continue
             assert upload is not None
@@ -210,8 +243,9 @@ class HeteroStrategy(Strategy):
         return None
 
     def _to_upload(self, reply: Message) -> Upload:
-        metrics = {k: float(v) for k, v in reply.content["metrics"].items()
-                   if isinstance(v, int | float)}
+        metrics = {
+            k: float(v) for k, v in reply.content["metrics"].items() if isinstance(v, int | float)
+        }
         return Upload(
             node=self.nodes[reply.metadata.src_node_id],
             arrays=to_numpy(reply.content["arrays"]),
@@ -219,52 +253,73 @@ class HeteroStrategy(Strategy):
             metrics=metrics,
         )
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, then :meth:`aggregate`; too few valid replies keep the state."""
         uploads = self.valid_uploads(server_round, replies)
         if len(uploads) < self.cfg.min_valid_replies:
-            log(WARNING, "round %d: %d valid replies (< min-valid-replies=%d); "
-                "global state unchanged", server_round, len(uploads),
-                self.cfg.min_valid_replies)
+            log(
+                WARNING,
+                "round %d: %d valid replies (< min-valid-replies=%d); global state unchanged",
+                server_round,
+                len(uploads),
+                self.cfg.min_valid_replies,
+            )
             return None, None
         new = self.aggregate(server_round, uploads)
         if new is not None:
             self.global_arrays = new
         total = sum(u.num_examples for u in uploads)
-        metrics = MetricRecord({
-            "train-loss": sum(u.metrics.get("train-loss", 0.0) * u.num_examples
-                              for u in uploads) / total,
-            "train-time-s": statistics.fmean(u.metrics.get("train-time-s", 0.0)
-                                             for u in uploads),
-            "valid-replies": len(uploads),
-        })
+        metrics = MetricRecord(
+            {
+                "train-loss": sum(
+                    u.metrics.get("train-loss", 0.0) * u.num_examples for u in uploads
+                )
+                / total,
+                "train-time-s": statistics.fmean(
+                    u.metrics.get("train-time-s", 0.0) for u in uploads
+                ),
+                "valid-replies": len(uploads),
+            }
+        )
         return (to_record(new) if new is not None else None), metrics
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
-                           config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """Every ``eval-every`` rounds (and the last): ``evaluate.<name>``."""
         last = server_round == self.cfg.num_server_rounds
         if self.cfg.fraction_evaluate == 0 or (
             server_round % self.cfg.eval_every != 0 and not last
         ):
             return []
-        if arrays is not None and len(arrays):
-            self.global_arrays = to_numpy(arrays)
-        nodes = self._sample(grid, server_round, self.cfg.fraction_evaluate,
-                             self.cfg.min_evaluate_nodes, salt=1)
+        self._adopt(arrays)
+        nodes = self._sample(
+            grid,
+            server_round,
+            self.cfg.fraction_evaluate,
+            self.cfg.min_evaluate_nodes,
+            salt=1,
+        )
         return self._messages(server_round, nodes, "evaluate", config)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Personalized accuracy: Σcorrect/Σsamples, plus mean and std over clients."""
         rows = []
         for reply in replies:
             nid = reply.metadata.src_node_id
             if reply.has_error() or "metrics" not in reply.content.metric_records:
                 reason = reply.error.reason if reply.has_error() else "no metrics"
-                log(WARNING, "round %d: evaluation of node %d failed: %s",
-                    server_round, nid, reason)
+                log(
+                    WARNING,
+                    "round %d: evaluation of node %d failed: %s",
+                    server_round,
+                    nid,
+                    reason,
+                )
                 continue
             m = reply.content["metrics"]
             n, c = int(m["num-examples"]), int(m["correct"])  # type: ignore[arg-type]
@@ -273,20 +328,30 @@ class HeteroStrategy(Strategy):
             return None
         self.last_eval = {
             self.nodes[nid].partition_id: {"accuracy": c / n, "num-examples": n}
-            for nid, n, c, _ in rows if nid in self.nodes
+            for nid, n, c, _ in rows
+            if nid in self.nodes
         }
         accs = [c / n for _, n, c, _ in rows]
         total = sum(n for _, n, _, _ in rows)
-        return MetricRecord({
-            "accuracy": sum(c for _, _, c, _ in rows) / total,
-            "accuracy-mean": statistics.fmean(accs),
-            "accuracy-std": statistics.pstdev(accs),
-            "loss": sum(loss for *_, loss in rows) / total,
-            "eval-clients": len(rows),
-        })
+        return MetricRecord(
+            {
+                "accuracy": sum(c for _, _, c, _ in rows) / total,
+                "accuracy-mean": statistics.fmean(accs),
+                "accuracy-std": statistics.pstdev(accs),
+                "loss": sum(loss for *_, loss in rows) / total,
+                "eval-clients": len(rows),
+            }
+        )
 
     def summary(self) -> None:
         """Log the strategy's settings."""
-        log(INFO, "\t├──> %s: fraction-train %.2f, fraction-evaluate %.2f, "
-            "eval-every %d, min-valid-replies %d", self.name, self.cfg.fraction_train,
-            self.cfg.fraction_evaluate, self.cfg.eval_every, self.cfg.min_valid_replies)
+        log(
+            INFO,
+            "\t├──> %s: fraction-train %.2f, fraction-evaluate %.2f, "
+            "eval-every %d, min-valid-replies %d",
+            self.name,
+            self.cfg.fraction_train,
+            self.cfg.fraction_evaluate,
+            self.cfg.eval_every,
+            self.cfg.min_valid_replies,
+        )

@@ -40,5 +40,4 @@ class FedAvg(HeteroStrategy):
         return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads],
-                             [u.num_examples for u in uploads])
+        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])

@@ -44,7 +44,12 @@ class FedGH(HeteroStrategy):
         g = self.cfg.fedgh
         w, b, _, _ = train_head(
             torch.from_numpy(self.global_arrays["head.weight"]),
-            torch.from_numpy(self.global_arrays["head.bias"]), x, y,
-            lr=g.server_lr, epochs=g.server_epochs, batch_size=g.server_batch_size,
-            generator=gen)
+            torch.from_numpy(self.global_arrays["head.bias"]),
+            x,
+            y,
+            lr=g.server_lr,
+            epochs=g.server_epochs,
+            batch_size=g.server_batch_size,
+            generator=gen,
+        )
         return {"head.weight": w.numpy(), "head.bias": b.numpy()}

@@ -55,8 +55,13 @@ class FedRE(HeteroStrategy):
         f = self.cfg.fedre
         w, b, before, after = train_head(
             torch.from_numpy(self.global_arrays["head.weight"]),
-            torch.from_numpy(self.global_arrays["head.bias"]), x, y,
-            lr=f.server_lr, epochs=f.server_epochs, batch_size=f.server_batch_size,
-            generator=gen)
+            torch.from_numpy(self.global_arrays["head.bias"]),
+            x,
+            y,
+            lr=f.server_lr,
+            epochs=f.server_epochs,
+            batch_size=f.server_batch_size,
+            generator=gen,
+        )
         self.server_loss[server_round] = (before, after)
         return {"head.weight": w.numpy(), "head.bias": b.numpy()}

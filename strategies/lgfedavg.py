@@ -27,8 +27,7 @@ class LGFedAvg(HeteroStrategy):
         return initial_head(self.nodes.values(), self.cfg.seed)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads],
-                             [u.num_examples for u in uploads])
+        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
 
 
 def initial_head(nodes: Iterable[NodeInfo], seed: int) -> Arrays:
@@ -38,8 +37,10 @@ def initial_head(nodes: Iterable[NodeInfo], seed: int) -> Arrays:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head.reset_parameters()
-    return {"head.weight": head.weight.detach().numpy().copy(),
-            "head.bias": head.bias.detach().numpy().copy()}
+    return {
+        "head.weight": head.weight.detach().numpy().copy(),
+        "head.bias": head.bias.detach().numpy().copy(),
+    }
 
 
 def common_head_shape(nodes: Iterable[NodeInfo]) -> tuple[int, int]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.base import HeteroStrategy, NodeInfo, Upload
 from common.records import Arrays
+from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 
 class Local(HeteroStrategy):

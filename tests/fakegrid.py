@@ -18,8 +18,13 @@ Fault = Callable[[Message], Message]
 class FakeGrid:
     """Minimal Grid for ``Strategy.start``: ``get_node_ids`` + ``send_and_receive``."""
 
-    def __init__(self, app: ClientApp, run_config: dict, num_nodes: int,
-                 node_configs: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        app: ClientApp,
+        run_config: dict,
+        num_nodes: int,
+        node_configs: list[dict] | None = None,
+    ) -> None:
         self.app = app
         self.contexts: dict[int, Context] = {}
         for pid in range(num_nodes):
@@ -27,8 +32,13 @@ class FakeGrid:
             node_config = {"partition-id": pid, "num-partitions": num_nodes}
             if node_configs:
                 node_config.update(node_configs[pid])
-            self.contexts[nid] = Context(run_id=1, node_id=nid, node_config=node_config,
-                                         state=RecordDict(), run_config=dict(run_config))
+            self.contexts[nid] = Context(
+                run_id=1,
+                node_id=nid,
+                node_config=node_config,
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
         self.faults: dict[int, Fault] = {}
         self.sent: list[Message] = []
         self.offline: set[int] = set()
@@ -37,11 +47,11 @@ class FakeGrid:
         return [n for n in self.contexts if n not in self.offline]
 
     def node_of_partition(self, pid: int) -> int:
-        return next(n for n, c in self.contexts.items()
-                    if c.node_config["partition-id"] == pid)
+        return next(n for n, c in self.contexts.items() if c.node_config["partition-id"] == pid)
 
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         replies = []
         for msg in messages:
             self.sent.append(msg)

@@ -9,12 +9,28 @@ from common.records import Arrays, to_record
 from strategies.base import HeteroStrategy, NodeInfo
 
 
-def node(nid: int, pid: int, *, arch: str = "cnn-1", num_train: int = 100, d: int = 500,
-         classes: int = 10, counts: tuple[int, ...] | None = None, **extras) -> NodeInfo:
-    return NodeInfo(node_id=nid, partition_id=pid, arch=arch, num_train=num_train,
-                    num_test=num_train // 3, num_classes=classes, feature_dim=d,
-                    class_counts=counts or (num_train // classes,) * classes,
-                    extras={"in-channels": 1, "image-size": 28, **extras})
+def node(
+    nid: int,
+    pid: int,
+    *,
+    arch: str = "cnn-1",
+    num_train: int = 100,
+    d: int = 500,
+    classes: int = 10,
+    counts: tuple[int, ...] | None = None,
+    **extras,
+) -> NodeInfo:
+    return NodeInfo(
+        node_id=nid,
+        partition_id=pid,
+        arch=arch,
+        num_train=num_train,
+        num_test=num_train // 3,
+        num_classes=classes,
+        feature_dim=d,
+        class_counts=counts or (num_train // classes,) * classes,
+        extras={"in-channels": 1, "image-size": 28, **extras},
+    )
 
 
 def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroStrategy:
@@ -23,11 +39,23 @@ def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroS
     return s
 
 
-def reply(nid: int, arrays: Arrays, num_examples: int, kind: str = "train.x",
-          **metrics: float) -> Message:
+def reply(
+    nid: int, arrays: Arrays, num_examples: int, kind: str = "train.x", **metrics: float
+) -> Message:
     sent = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=kind)
-    content = RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord(
-        {"num-examples": num_examples, "train-loss": 1.0, "train-time-s": 0.1, **metrics})})
+    content = RecordDict(
+        {
+            "arrays": to_record(arrays),
+            "metrics": MetricRecord(
+                {
+                    "num-examples": num_examples,
+                    "train-loss": 1.0,
+                    "train-time-s": 0.1,
+                    **metrics,
+                }
+            ),
+        }
+    )
     return Message(content, reply_to=sent)
 
 

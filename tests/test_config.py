@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from common.config import ConfigError, RunConfig, flatten, known_keys, parse_run_config
 
@@ -37,11 +37,26 @@ def test_pyproject_parses_to_the_defaults() -> None:
 
 def test_required_keys_exist() -> None:
     required = {
-        "algorithm", "num-server-rounds", "fraction-train", "fraction-evaluate",
-        "eval-every", "seed", "out-dir", "data.name", "data.root", "data.partition",
-        "data.alpha", "data.classes-per-client", "data.protocol", "data.fraction",
-        "data.download", "model.family", "model.feature-dim", "train.local-epochs",
-        "train.batch-size", "train.lr",
+        "algorithm",
+        "num-server-rounds",
+        "fraction-train",
+        "fraction-evaluate",
+        "eval-every",
+        "seed",
+        "out-dir",
+        "data.name",
+        "data.root",
+        "data.partition",
+        "data.alpha",
+        "data.classes-per-client",
+        "data.protocol",
+        "data.fraction",
+        "data.download",
+        "model.family",
+        "model.feature-dim",
+        "train.local-epochs",
+        "train.batch-size",
+        "train.lr",
     }
     assert required <= set(known_keys())
 

@@ -81,9 +81,7 @@ def test_fashion_mnist_torchvision_layout_and_missing(
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 12), ("t10k", 4)):
-        _write_idx(
-            raw / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28))
-        )
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
     ds = load_arrays(cfg)
     assert ds.x_train.shape == (12, 28, 28, 1) and ds.x_test is not None
@@ -99,9 +97,7 @@ def test_cifar10_pickle_batches(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         pixels = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
-        (folder / name).write_bytes(
-            pickle.dumps({"data": pixels, "labels": [0, 1, 9, 2]})
-        )
+        (folder / name).write_bytes(pickle.dumps({"data": pixels, "labels": [0, 1, 9, 2]}))
     ds = load_arrays(cfg)
     assert ds.x_train.shape == (20, 32, 32, 3) and ds.num_classes == 10
     assert len(ds.mean) == 3
@@ -157,9 +153,7 @@ def test_npz_round_trip(tmp_path: Path) -> None:
         ({"x": np.zeros((4, 8, 8), np.uint8)}, "'y'"),
     ],
 )
-def test_npz_bad_arrays_name_the_file(
-    tmp_path: Path, arrays: dict[str, Any], bad: str
-) -> None:
+def test_npz_bad_arrays_name_the_file(tmp_path: Path, arrays: dict[str, Any], bad: str) -> None:
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)
     with pytest.raises(ConfigError, match=str(path)) as info:
@@ -250,9 +244,7 @@ def test_partition_key_only_tracks_split_settings(tmp_path: Path) -> None:
     )
 
 
-def test_cache_reuse_does_not_recompute(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cache_reuse_does_not_recompute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     real = data.store.load_arrays
 
@@ -280,9 +272,7 @@ def _prepare_in_child(args: tuple[str, str]) -> str:
 
     real_write = data.store.write_partition
     data.store.write_partition = logged
-    cfg = DataConfig.model_validate(
-        {"name": "synthetic", "cache_dir": cache, "partition": "iid"}
-    )
+    cfg = DataConfig.model_validate({"name": "synthetic", "cache_dir": cache, "partition": "iid"})
     return str(prepare_partition(cfg, 4, 0))
 
 
@@ -333,9 +323,7 @@ def test_foreign_clients_npz_without_meta(tmp_path: Path) -> None:
     assert (client.num_classes, client.in_channels, client.image_size) == (4, 3, 8)
     assert partition_summary(tmp_path / "f")["train_class_counts"][0] == [2, 2, 1, 1]
     with pytest.raises(ConfigError, match="clients-npz folder"):
-        load_client_data(
-            _cfg(tmp_path, name="clients-npz", root=str(tmp_path)), 0, 1, 0
-        )
+        load_client_data(_cfg(tmp_path, name="clients-npz", root=str(tmp_path)), 0, 1, 0)
 
 
 # ---------------------------------------------------------- device-local data

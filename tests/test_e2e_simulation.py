@@ -14,14 +14,19 @@ pytestmark = pytest.mark.e2e
 
 
 def _common(tmp_path: Path) -> dict:
-    return {"data.fraction": 0.05, "data.cache-dir": str(tmp_path / "cache"),
-            "out-dir": str(tmp_path / "out"), "train.batch-size": 32}
+    return {
+        "data.fraction": 0.05,
+        "data.cache-dir": str(tmp_path / "cache"),
+        "out-dir": str(tmp_path / "out"),
+        "train.batch-size": 32,
+    }
 
 
 def test_flwr_run_three_nodes_two_rounds(tmp_path: Path) -> None:
     overrides = {**_common(tmp_path), "num-server-rounds": 2, "data.alpha": 0.5}
-    outcome = run_simulation(ROOT, overrides, num_supernodes=3,
-                             flwr_home=tmp_path / "flwr", timeout=600)
+    outcome = run_simulation(
+        ROOT, overrides, num_supernodes=3, flwr_home=tmp_path / "flwr", timeout=600
+    )
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == [1, 2]
@@ -38,11 +43,13 @@ def test_flwr_run_three_nodes_two_rounds(tmp_path: Path) -> None:
 
 def test_bad_config_fails_the_run_with_one_clear_line(tmp_path: Path) -> None:
     overrides = {**_common(tmp_path), "algorithm": "fedxyz"}
-    outcome = run_simulation(ROOT, overrides, num_supernodes=2,
-                             flwr_home=tmp_path / "flwr", timeout=300)
+    outcome = run_simulation(
+        ROOT, overrides, num_supernodes=2, flwr_home=tmp_path / "flwr", timeout=300
+    )
     assert outcome.status == "finished:failed"
-    lines = [ln for ln in outcome.log_path.read_text().splitlines()
-             if "ERROR" in ln and "fedhet:" in ln]
+    lines = [
+        ln for ln in outcome.log_path.read_text().splitlines() if "ERROR" in ln and "fedhet:" in ln
+    ]
     assert len(lines) == 1
     assert "'algorithm'" in lines[0] and "'lgfedavg'" in lines[0]
     assert not (tmp_path / "out" / "results.json").exists()

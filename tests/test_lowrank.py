@@ -204,9 +204,7 @@ def test_lowrank_conv_matches_conv_with_reconstructed_weight(
     k: int, stride: object, padding: object, dilation: object, mode: str
 ) -> None:
     torch.manual_seed(0)
-    conv = nn.Conv2d(
-        5, 7, k, stride=stride, padding=padding, dilation=dilation, padding_mode=mode
-    )  # type: ignore[arg-type]
+    conv = nn.Conv2d(5, 7, k, stride=stride, padding=padding, dilation=dilation, padding_mode=mode)  # type: ignore[arg-type]
     shape = tuple(conv.weight.shape)
     layer = LowRankConv2d.from_conv(conv, max(1, _full_rank(shape) // 2))
     weight = reconstruct(layer.factor_u(), layer.factor_v(), shape)
@@ -343,9 +341,7 @@ def test_state_conversion_matches_factorised_modules(arch: str, ratio: float) ->
     for layer, shape in layers.items():
         if ratio < 1.0:
             u, v = factors_from_state(module_state, layer, shape)
-            torch.testing.assert_close(
-                back[f"{layer}.weight"], reconstruct(u, v, shape)
-            )
+            torch.testing.assert_close(back[f"{layer}.weight"], reconstruct(u, v, shape))
             assert torch.equal(back[f"{layer}.bias"], full_state[f"{layer}.bias"])
 
 

@@ -84,9 +84,7 @@ def test_heavy_shapes_without_small_stem(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", BUILD_ONLY)
 def test_deep_resnets_build(arch: str) -> None:
-    model = build_model(
-        arch, in_channels=1, num_classes=10, image_size=28, feature_dim=512
-    )
+    model = build_model(arch, in_channels=1, num_classes=10, image_size=28, feature_dim=512)
     assert isinstance(model, HetNet)
     assert model.extractor.conv1.in_channels == 1
     assert extractor_out_features(arch, 1, 28) == 2048
@@ -102,9 +100,7 @@ def test_represent_identity_when_sizes_match() -> None:
     z = torch.randn(2, 500)
     out = represent(z, 500)
     assert out is z
-    model = build_model(
-        "cnn-3", in_channels=1, num_classes=10, image_size=28, feature_dim=500
-    )
+    model = build_model("cnn-3", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(model.features(x), model.extractor(x))
@@ -140,16 +136,12 @@ def test_cnn_parameter_counts(arch: str) -> None:
         + (h1 * 500 + 500)
         + (500 * 10 + 10)
     )
-    model = build_model(
-        arch, in_channels=1, num_classes=10, image_size=28, feature_dim=500
-    )
+    model = build_model(arch, in_channels=1, num_classes=10, image_size=28, feature_dim=500)
     assert sum(p.numel() for p in model.parameters()) == expected
 
 
 def test_fedavgcnn_parameter_count() -> None:
-    model = build_model(
-        "fedavgcnn", in_channels=1, num_classes=10, image_size=28, feature_dim=512
-    )
+    model = build_model("fedavgcnn", in_channels=1, num_classes=10, image_size=28, feature_dim=512)
     expected = (32 * 25 + 32) + (32 * 64 * 25 + 64) + (1024 * 512 + 512)
     expected += 512 * 10 + 10
     assert sum(p.numel() for p in model.parameters()) == expected
@@ -157,9 +149,7 @@ def test_fedavgcnn_parameter_count() -> None:
 
 @pytest.mark.parametrize("arch", ["cnn-1", "fedavgcnn", "shufflenet_v2"])
 def test_state_dict_keys(arch: str) -> None:
-    model = build_model(
-        arch, in_channels=3, num_classes=10, image_size=32, feature_dim=256
-    )
+    model = build_model(arch, in_channels=3, num_classes=10, image_size=32, feature_dim=256)
     keys = list(model.state_dict())
     head = [k for k in keys if not k.startswith("extractor.")]
     assert head == ["head.weight", "head.bias"]
@@ -168,9 +158,7 @@ def test_state_dict_keys(arch: str) -> None:
 
 
 def test_cnn_layers_are_addressable() -> None:
-    model = build_model(
-        "cnn-2", in_channels=1, num_classes=10, image_size=28, feature_dim=500
-    )
+    model = build_model("cnn-2", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
     ext = model.extractor
     assert isinstance(ext, nn.Sequential)
     names = [name for name, _ in ext.named_children()]
@@ -181,9 +169,7 @@ def test_cnn_layers_are_addressable() -> None:
     assert type(ext.conv2) is nn.Conv2d and ext.conv2.out_channels == 16
     assert type(ext.fc1) is nn.Linear and ext.fc1.in_features == 256
     assert "extractor.fc2.weight" in model.state_dict()
-    fed = build_model(
-        "fedavgcnn", in_channels=3, num_classes=10, image_size=32, feature_dim=512
-    )
+    fed = build_model("fedavgcnn", in_channels=3, num_classes=10, image_size=32, feature_dim=512)
     assert [n for n, _ in fed.extractor.named_children()][-2:] == ["fc1", "relu3"]
     assert fed.extractor.fc1.in_features == 64 * 5 * 5
 
@@ -214,13 +200,9 @@ def test_unknown_family_names_setting(family: str) -> None:
 
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError, match="architecture"):
-        build_model(
-            "vgg", in_channels=1, num_classes=10, image_size=28, feature_dim=500
-        )
+        build_model("vgg", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
     with pytest.raises(ValueError, match="image_size"):
-        build_model(
-            "cnn-1", in_channels=1, num_classes=10, image_size=12, feature_dim=500
-        )
+        build_model("cnn-1", in_channels=1, num_classes=10, image_size=12, feature_dim=500)
     with pytest.raises(ValueError, match="partition_id"):
         arch_for_partition("cnn", -1)
 
@@ -273,9 +255,7 @@ def test_torchvision_stem(arch: str, small_stem: bool) -> None:
 
 
 def test_googlenet_trains_without_aux_heads() -> None:
-    model = build_model(
-        "googlenet", in_channels=3, num_classes=5, image_size=28, feature_dim=512
-    )
+    model = build_model("googlenet", in_channels=3, num_classes=5, image_size=28, feature_dim=512)
     model.train()
     logits = model(torch.randn(2, 3, 28, 28))
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 5)

@@ -63,9 +63,7 @@ def test_deterministic_per_seed(kind: str, fmnist_labels: np.ndarray) -> None:
 
 def test_dirichlet_small_alpha_is_label_skewed(fmnist_labels: np.ndarray) -> None:
     parts = dirichlet(fmnist_labels, 50, 0.1, np.random.default_rng(0), min_size=12)
-    dominant = [
-        np.bincount(fmnist_labels[p], minlength=10).max() / len(p) for p in parts
-    ]
+    dominant = [np.bincount(fmnist_labels[p], minlength=10).max() / len(p) for p in parts]
     assert np.mean(dominant) > 0.5
     iid_parts = iid(fmnist_labels, 50, np.random.default_rng(0))
     iid_dominant = [np.bincount(fmnist_labels[p]).max() / len(p) for p in iid_parts]

@@ -38,8 +38,9 @@ def test_rep_is_the_weighted_sum_and_soft_label_the_weights() -> None:
     protos = rng.normal(size=(10, 7)).astype(np.float32)
     present = torch.tensor([c % 3 != 0 for c in range(10)])
     protos[~present.numpy()] = 1e6  # absent rows must not leak in
-    rep, soft = entangle_prototypes(torch.from_numpy(protos), present, "rap",
-                                    torch.Generator().manual_seed(5))
+    rep, soft = entangle_prototypes(
+        torch.from_numpy(protos), present, "rap", torch.Generator().manual_seed(5)
+    )
     w = random_weights(present, torch.Generator().manual_seed(5)).numpy()
     np.testing.assert_allclose(soft.numpy(), w, rtol=1e-6)
     want = (w[:, None] * np.where(present.numpy()[:, None], protos, 0)).sum(0)
@@ -57,8 +58,13 @@ def test_vap_uses_equal_weights() -> None:
 
 def _run(tmp_path: Path, server_round: int, pid: int = 0, **cfg):  # type: ignore[no-untyped-def]
     rc = small_config(tmp_path, algorithm="fedre", **cfg)
-    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": pid,
-                  "num-partitions": 3}, state=RecordDict(), run_config=rc)
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": pid, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=rc,
+    )
     return open_run(ctx, server_round, HOOKS["fedre"])
 
 
@@ -68,8 +74,9 @@ def test_client_rep_matches_its_prototypes_and_seed(tmp_path: Path) -> None:
     means, present = prototypes(run)
     w = random_weights(present, run.generator(purpose=1)).float()
     np.testing.assert_allclose(soft.numpy(), w.numpy(), rtol=1e-6)
-    np.testing.assert_allclose(rep.numpy(), (w[:, None] * means).sum(0).numpy(),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        rep.numpy(), (w[:, None] * means).sum(0).numpy(), rtol=1e-4, atol=1e-5
+    )
     assert set(np.flatnonzero(soft.numpy())) == set(np.flatnonzero(present.numpy()))
 
 
@@ -85,15 +92,27 @@ def test_same_seed_round_node_same_weights_other_round_differs(tmp_path: Path) -
 
 def test_client_evaluates_with_the_broadcast_head(tmp_path: Path) -> None:
     rc = small_config(tmp_path, algorithm="fedre")
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1,
-                  "num-partitions": 3}, state=RecordDict(), run_config=rc)
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 1, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=rc,
+    )
     run = open_run(ctx, 1, HOOKS["fedre"])
     weight = np.zeros((10, 500), np.float32)
     bias = np.zeros(10, np.float32)
     bias[3] = 100.0  # this head always answers class 3
-    msg = Message(RecordDict({"arrays": to_record({"head.weight": weight, "head.bias": bias}),
-                              "config": ConfigRecord({"server-round": 1})}),
-                  dst_node_id=7, message_type="evaluate.fedre")
+    msg = Message(
+        RecordDict(
+            {
+                "arrays": to_record({"head.weight": weight, "head.bias": bias}),
+                "config": ConfigRecord({"server-round": 1}),
+            }
+        ),
+        dst_node_id=7,
+        message_type="evaluate.fedre",
+    )
     out = client_app(msg, ctx)
     y = run.data.y_test.numpy()
     assert out.content["metrics"]["correct"] == int((y == 3).sum())
@@ -112,8 +131,10 @@ def _fedre(num: int = 4) -> FedRE:
 def _pair(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     w = rng.random(10)
-    return {"rep": rng.normal(size=500).astype(np.float32),
-            "soft-label": (w / w.sum()).astype(np.float32)}
+    return {
+        "rep": rng.normal(size=500).astype(np.float32),
+        "soft-label": (w / w.sum()).astype(np.float32),
+    }
 
 
 def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
@@ -149,8 +170,9 @@ def test_fedre_poisoned_reply_is_ignored(poison: str) -> None:
     else:
         bad["extra"] = bad["rep"]
     s = _fedre()
-    got, _ = s.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(good)]
-                               + [reply(13, bad, 50)])
+    got, _ = s.aggregate_train(
+        1, [reply(10 + i, p, 50) for i, p in enumerate(good)] + [reply(13, bad, 50)]
+    )
     for k in want:
         np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
     assert [n for _, n, _ in s.rejected] == [13]
@@ -162,17 +184,30 @@ def test_fedproto_per_class_mean_with_disjoint_class_sets() -> None:
     c = node(12, 2, counts=(0, 5, 5, 0))
     s = strategy(FedProto, [a, b, c])
     rng = np.random.default_rng(0)
-    up = {n.node_id: {f"proto.{k}": rng.normal(size=500).astype(np.float32)
-                      for k, cnt in enumerate(n.class_counts) if cnt}
-          for n in (a, b, c)}
+    up = {
+        n.node_id: {
+            f"proto.{k}": rng.normal(size=500).astype(np.float32)
+            for k, cnt in enumerate(n.class_counts)
+            if cnt
+        }
+        for n in (a, b, c)
+    }
     arrays, _ = s.aggregate_train(1, [reply(nid, u, 10) for nid, u in up.items()])
     got = to_numpy(arrays)
     assert sorted(got) == ["proto.0", "proto.1", "proto.2", "proto.3"]
     np.testing.assert_allclose(got["proto.0"], up[10]["proto.0"], rtol=1e-6)
-    np.testing.assert_allclose(got["proto.1"], (up[10]["proto.1"] + up[12]["proto.1"]) / 2,
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got["proto.2"], (up[11]["proto.2"] + up[12]["proto.2"]) / 2,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got["proto.1"],
+        (up[10]["proto.1"] + up[12]["proto.1"]) / 2,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        got["proto.2"],
+        (up[11]["proto.2"] + up[12]["proto.2"]) / 2,
+        rtol=1e-5,
+        atol=1e-6,
+    )
     np.testing.assert_allclose(got["proto.3"], up[11]["proto.3"], rtol=1e-6)
 
 
@@ -190,15 +225,28 @@ def test_fedgh_trains_the_head_on_prototypes() -> None:
     s = strategy(FedGH, nodes)
     s.global_arrays = s.init_global()
     rng = np.random.default_rng(1)
-    ups = {10: {"proto.0": rng.normal(size=500), "proto.1": rng.normal(size=500)},
-           11: {"proto.1": rng.normal(size=500), "proto.2": rng.normal(size=500)}}
+    ups = {
+        10: {"proto.0": rng.normal(size=500), "proto.1": rng.normal(size=500)},
+        11: {"proto.1": rng.normal(size=500), "proto.2": rng.normal(size=500)},
+    }
     ups = {k: {kk: vv.astype(np.float32) for kk, vv in v.items()} for k, v in ups.items()}
     before = s.global_arrays
-    arrays, _ = s.aggregate_train(1, [reply(k, v, 10) for k, v in ups.items()]
-                                  + [reply(11, {"proto.0": ups[10]["proto.0"]}, 10)])
+    arrays, _ = s.aggregate_train(
+        1,
+        [reply(k, v, 10) for k, v in ups.items()]
+        + [reply(11, {"proto.0": ups[10]["proto.0"]}, 10)],
+    )
     after = to_numpy(arrays)
-    x = torch.from_numpy(np.stack([ups[10]["proto.0"], ups[10]["proto.1"],
-                                   ups[11]["proto.1"], ups[11]["proto.2"]]))
+    x = torch.from_numpy(
+        np.stack(
+            [
+                ups[10]["proto.0"],
+                ups[10]["proto.1"],
+                ups[11]["proto.1"],
+                ups[11]["proto.2"],
+            ]
+        )
+    )
     y = torch.tensor([0, 1, 1, 2])
 
     def ce(h: dict) -> float:

@@ -17,15 +17,24 @@ from common.records import (
 
 
 def test_payload_bytes_is_numel_times_itemsize() -> None:
-    rec = to_record({"w": torch.zeros(10, 500), "b": np.zeros(10, np.float64),
-                     "i": np.zeros(3, np.int64)})
+    rec = to_record(
+        {
+            "w": torch.zeros(10, 500),
+            "b": np.zeros(10, np.float64),
+            "i": np.zeros(3, np.int64),
+        }
+    )
     assert payload_bytes(rec) == 10 * 500 * 4 + 10 * 8 + 3 * 8
 
 
 def test_content_bytes_ignores_config_and_sums_records() -> None:
-    content = RecordDict({"a": to_record({"x": np.ones((2, 3), np.float32)}),
-                          "b": to_record({"y": np.ones(5, np.float32)}),
-                          "config": ConfigRecord({"k": "v" * 100})})
+    content = RecordDict(
+        {
+            "a": to_record({"x": np.ones((2, 3), np.float32)}),
+            "b": to_record({"y": np.ones(5, np.float32)}),
+            "config": ConfigRecord({"k": "v" * 100}),
+        }
+    )
     assert content_bytes(content) == (6 + 5) * 4
 
 

@@ -16,8 +16,10 @@ RNG = np.random.default_rng(0)
 
 
 def head(d: int = 500, c: int = 10) -> dict[str, np.ndarray]:
-    return {"head.weight": RNG.normal(size=(c, d)).astype(np.float32),
-            "head.bias": RNG.normal(size=(c,)).astype(np.float32)}
+    return {
+        "head.weight": RNG.normal(size=(c, d)).astype(np.float32),
+        "head.bias": RNG.normal(size=(c,)).astype(np.float32),
+    }
 
 
 def test_registry_names_are_the_config_values() -> None:
@@ -31,11 +33,13 @@ def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:
     s.global_arrays = s.init_global()
     heads = [head(), head(), head()]
     weights = [30, 50, 20]
-    replies = [reply(n.node_id, h, w) for n, h, w in zip(nodes, heads, weights)]
+    replies = [reply(n.node_id, h, w) for n, h, w in zip(nodes, heads, weights, strict=False)]
     arrays, metrics = s.aggregate_train(1, replies)
     got = to_numpy(arrays)
     for key in ("head.weight", "head.bias"):
-        want = sum(h[key].astype(np.float64) * w for h, w in zip(heads, weights)) / 100
+        want = (
+            sum(h[key].astype(np.float64) * w for h, w in zip(heads, weights, strict=False)) / 100
+        )
         np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-6)
     assert metrics["valid-replies"] == 3
 
@@ -45,7 +49,9 @@ def test_result_does_not_depend_on_reply_order() -> None:
     s = strategy(LGFedAvg, nodes)
     s.global_arrays = s.init_global()
     heads = [head() for _ in nodes]
-    replies = [reply(n.node_id, h, 10 + i) for i, (n, h) in enumerate(zip(nodes, heads))]
+    replies = [
+        reply(n.node_id, h, 10 + i) for i, (n, h) in enumerate(zip(nodes, heads, strict=False))
+    ]
     a, _ = s.aggregate_train(1, replies)
     b, _ = s.aggregate_train(1, list(reversed(replies)))
     for key in a:
@@ -68,12 +74,17 @@ def test_poisoned_reply_is_dropped_and_logged(poison: str) -> None:
     elif poison == "keys":
         bad["extra"] = bad.pop("head.bias")
     replies = [reply(10, good[0], 40), reply(11, good[1], 60)]
-    replies.append(error_reply(12) if poison == "error"
-                   else reply(12, bad, 0 if poison == "examples" else 1000))
+    replies.append(
+        error_reply(12)
+        if poison == "error"
+        else reply(12, bad, 0 if poison == "examples" else 1000)
+    )
     arrays, _ = s.aggregate_train(3, replies)
     got = to_numpy(arrays)
-    want = (good[0]["head.weight"].astype(np.float64) * 40
-            + good[1]["head.weight"].astype(np.float64) * 60) / 100
+    want = (
+        good[0]["head.weight"].astype(np.float64) * 40
+        + good[1]["head.weight"].astype(np.float64) * 60
+    ) / 100
     np.testing.assert_allclose(got["head.weight"], want, rtol=1e-5, atol=1e-6)
     assert [(r, n) for r, n, _ in s.rejected] == [(3, 12)]
 

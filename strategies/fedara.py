@@ -1,0 +1,104 @@
+"""``fedara``: FedARA, server-side low-rank decomposition and reconstruction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.records import Arrays, shapes, weighted_mean
+from models.lowrank import decompose_state, factorisable_layers, reconstruct_state
+from strategies.base import HeteroStrategy, NodeInfo, Upload
+
+EXTRACTOR = "extractor."
+Tier = tuple[float, tuple[str, ...]]
+
+
+class FedARA(HeteroStrategy):
+    """FedARA: one full-rank global extractor, served to each node at its rank.
+
+    Message contract: ``train.fedara`` carries the node's extractor ``{"extractor.*"}``
+    decomposed at its (rank ratio, layer set) tier — factors ``U``, ``V`` for the
+    factorised layers, full weights for the others (rank ratio 1: the full
+    extractor). The client installs it, computes anchors from it (round ≥ 2), trains
+    extractor + personal head, and replies with its extractor in the same keys and
+    shapes. Server: reconstruct each reply to full rank, sample-weighted mean.
+    Decomposition (truncated SVD, balanced split) runs once per distinct tier per
+    global state and is shared by every node of the tier. Nodes report their tier
+    in ``query.profile`` (``rank-ratio``, ``layers``); all must share one base
+    architecture.
+    """
+
+    name = "fedara"
+
+    def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(cfg)
+        self._served: dict[Tier, Arrays] = {}
+        self.version = 0
+        """Global extractor version: 0 initially, +1 per aggregation."""
+        self.decompositions: dict[int, int] = {}
+        """Version -> decompositions computed from it (one per distinct tier, r < 1)."""
+        self.layer_shapes: dict[str, tuple[int, ...]] = {}
+
+    def tier(self, node: NodeInfo) -> Tier:
+        layers = tuple(sorted(str(node.extras.get("layers", "")).split(",")))
+        return float(node.extras["rank-ratio"]), tuple(name for name in layers if name)
+
+    def init_global(self) -> Arrays:
+        from models import build_model
+
+        archs = sorted({n.arch for n in self.nodes.values()})
+        if len(archs) != 1:
+            raise ValueError(f"fedara needs one base architecture on every node; found {archs}")
+        node = next(iter(self.nodes.values()))
+        meta: dict[str, Any] = node.extras
+        model = build_model(
+            archs[0],
+            in_channels=int(meta["in-channels"]),
+            num_classes=node.num_classes,
+            image_size=int(meta["image-size"]),
+            feature_dim=node.feature_dim,
+            small_stem=bool(meta.get("small-stem", 1)),
+            seed=self.cfg.seed,
+        )
+        self.layer_shapes = factorisable_layers(model.extractor)
+        return {
+            EXTRACTOR + k: v.detach().numpy().copy()
+            for k, v in model.extractor.state_dict().items()
+        }
+
+    def _extractor(self) -> dict[str, torch.Tensor]:
+        return {
+            k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in self.global_arrays.items()
+        }
+
+    def served(self, tier: Tier) -> Arrays:
+        """The global extractor decomposed for ``tier`` (cached per global state)."""
+        if tier not in self._served:
+            ratio, layers = tier
+            if ratio >= 1:
+                self._served[tier] = self.global_arrays
+            else:
+                wanted = {name: self.layer_shapes[name] for name in layers}
+                state = decompose_state(self._extractor(), wanted, ratio)
+                self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
+                self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
+        return self._served[tier]
+
+    def payload(self, server_round: int, node: NodeInfo) -> Arrays:
+        return self.served(self.tier(node))
+
+    def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
+        return shapes(self.served(self.tier(node)))
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        full = []
+        for u in uploads:
+            _, layers = self.tier(u.node)
+            state = {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in u.arrays.items()}
+            rebuilt = reconstruct_state(state, {n: self.layer_shapes[n] for n in layers})
+            full.append({EXTRACTOR + k: v.numpy().astype(np.float32) for k, v in rebuilt.items()})
+        self._served = {}  # the global state changes: decompose again on demand
+        self.version += 1
+        return weighted_mean(full, [u.num_examples for u in uploads])

@@ -1,0 +1,39 @@
+"""``fedlora``: FedLoRA (pFedLoRA), sample-weighted mean of homogeneous adapters."""
+
+from __future__ import annotations
+
+import torch
+
+from common.records import Arrays, weighted_mean
+from models.adapter import ADAPTERS, LoRA, module_key
+from strategies.base import HeteroStrategy, Upload
+from strategies.lgfedavg import common_head_shape
+
+
+class FedLoRA(HeteroStrategy):
+    """FedLoRA: a small adapter of identical shape in every heterogeneous model.
+
+    Message contract: ``train.fedlora`` carries the global adapter
+    ``{"adapters.<target>.A" [r, d], "adapters.<target>.B" [m, r]}`` (m = C for the
+    head, d for a d→d layer); the client replaces its adapter with it, trains its
+    local model with the adapter frozen, then the adapter with the local model
+    frozen, and replies with its adapter (same keys and shapes). Server:
+    sample-weighted mean. Only the adapter crosses the network.
+    """
+
+    name = "fedlora"
+
+    def init_global(self) -> Arrays:
+        d, c = common_head_shape(self.nodes.values())
+        f = self.cfg.fedlora
+        out: Arrays = {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.seed)
+            for target in f.target_list():
+                lora = LoRA(d, c if target == "head" else d, f.rank, f.alpha)
+                for name, p in lora.state_dict().items():
+                    out[f"{ADAPTERS}.{module_key(target)}.{name}"] = p.numpy().copy()
+        return out
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])

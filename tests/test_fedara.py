@@ -1,0 +1,235 @@
+"""FedARA: server decomposition per tier, reconstruction + aggregation, client loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+import strategies.fedara as fedara_module
+from client_app.app import HOOKS
+from client_app.base import open_run
+from client_app.fedara import anchor_weight, anchors_of
+from common.config import parse_run_config
+from common.records import to_numpy
+from models import build_model
+from models.lowrank import factorisable_layers, layer_rank, param_count, reconstruct
+from strategies.fedara import FedARA
+from tests.replies import node, reply, strategy
+from tests.test_inprocess import run_inprocess, small_config
+
+LAYERS = "fc1,fc2"
+
+
+def tier_node(nid: int, pid: int, ratio: float):  # type: ignore[no-untyped-def]
+    return node(nid, pid, **{"rank-ratio": ratio, "layers": LAYERS})
+
+
+class StubGrid:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def get_node_ids(self) -> list[int]:
+        return self.ids
+
+
+def fedara(ratios: list[float], **cfg) -> FedARA:  # type: ignore[no-untyped-def]
+    nodes = [tier_node(100 + i, i, r) for i, r in enumerate(ratios)]
+    s = strategy(FedARA, nodes, **cfg)
+    s.global_arrays = s.init_global()
+    return s
+
+
+def test_one_decomposition_per_distinct_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    ratios = [1, 0.5, 0.25, 0.125, 0.0625] * 4
+    s = fedara(ratios)
+    calls = []
+    real = fedara_module.decompose_state
+    monkeypatch.setattr(
+        fedara_module,
+        "decompose_state",
+        lambda *a, **k: calls.append(a[2]) or real(*a, **k),
+    )
+    from flwr.app import ConfigRecord
+
+    msgs = list(s.configure_train(1, None, ConfigRecord(), StubGrid(list(s.nodes))))
+    assert len(msgs) == 20
+    assert sorted(calls) == [0.0625, 0.125, 0.25, 0.5]
+    assert s.decompositions == {0: 4}
+    # nodes of one tier receive the very same arrays
+    by_tier: dict[float, list] = {}
+    for m in msgs:
+        ratio = s.nodes[m.metadata.dst_node_id].extras["rank-ratio"]
+        by_tier.setdefault(ratio, []).append(m.content["arrays"])
+    for recs in by_tier.values():
+        for rec in recs[1:]:
+            for k in rec:
+                np.testing.assert_array_equal(rec[k].numpy(), recs[0][k].numpy())
+
+
+def test_payload_shapes_follow_the_rank_rule() -> None:
+    s = fedara([0.25])
+    payload = s.payload(1, s.nodes[100])
+    r1, r2 = layer_rank((2000, 512), 0.25), layer_rank((500, 2000), 0.25)
+    assert payload["extractor.fc1.u"].shape == (2000, r1)
+    assert payload["extractor.fc1.v"].shape == (512, r1)
+    assert payload["extractor.fc2.u"].shape == (500, r2)
+    assert payload["extractor.conv1.weight"].shape == (16, 1, 5, 5)
+    assert "extractor.fc1.weight" not in payload
+
+
+def test_aggregation_of_reconstructions_is_the_weighted_mean() -> None:
+    s = fedara([0.5, 0.125, 1.0])
+    rng = np.random.default_rng(0)
+    uploads, full, weights = [], [], [30, 50, 20]
+    for nid in (100, 101, 102):
+        shape = {k: v.shape for k, v in s.payload(1, s.nodes[nid]).items()}
+        up = {k: rng.normal(size=sh).astype(np.float32) for k, sh in shape.items()}
+        uploads.append(up)
+        rebuilt = {}
+        for k, v in up.items():
+            if k.endswith(".u"):
+                layer = k.removesuffix(".u")
+                w = reconstruct(
+                    torch.from_numpy(v),
+                    torch.from_numpy(up[layer + ".v"]),
+                    s.global_arrays[layer + ".weight"].shape,
+                )
+                rebuilt[layer + ".weight"] = w.numpy()
+            elif not k.endswith(".v"):
+                rebuilt[k] = v
+        full.append(rebuilt)
+    arrays, _ = s.aggregate_train(
+        1, [reply(n, u, w) for n, u, w in zip((100, 101, 102), uploads, weights, strict=False)]
+    )
+    got = to_numpy(arrays)
+    assert set(got) == set(s.global_arrays)
+    for k in got:
+        want = sum(f[k].astype(np.float64) * w for f, w in zip(full, weights, strict=False)) / 100
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-5)
+    # U V^T of a balanced split, checked once by hand for fc2 of node 101
+    u, v = uploads[1]["extractor.fc2.u"], uploads[1]["extractor.fc2.v"]
+    np.testing.assert_allclose(full[1]["extractor.fc2.weight"], u @ v.T, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
+def test_poisoned_reply_is_ignored(poison: str) -> None:
+    s = fedara([0.5, 0.25])
+    good = {k: v.copy() for k, v in s.payload(1, s.nodes[100]).items()}
+    bad = {k: v.copy() for k, v in s.payload(1, s.nodes[101]).items()}
+    if poison == "nan":
+        bad["extractor.fc1.u"][0, 0] = np.nan
+    else:  # node 101 answers with the factors of another tier
+        bad = good
+    ref = fedara([0.5, 0.25])
+    want, _ = ref.aggregate_train(1, [reply(100, good, 10)])
+    got, _ = s.aggregate_train(1, [reply(100, good, 10), reply(101, bad, 10)])
+    for k in want:
+        np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
+    assert [n for _, n, _ in s.rejected] == [101]
+
+
+def test_lambda_schedule() -> None:
+    cfg = parse_run_config({"fedara.lambda": 10.0, "fedara.warmup-rounds": 10})
+    assert [anchor_weight(cfg, t) for t in (1, 2, 6, 11, 30)] == [
+        0.0,
+        1.0,
+        5.0,
+        10.0,
+        10.0,
+    ]
+    cfg0 = parse_run_config({"fedara.lambda": 3.0, "fedara.warmup-rounds": 0})
+    assert [anchor_weight(cfg0, t) for t in (1, 2, 5)] == [0.0, 3.0, 3.0]
+
+
+def _client_run(tmp_path: Path, server_round: int, pid: int = 1, **cfg):  # type: ignore[no-untyped-def]
+    rc = small_config(tmp_path, algorithm="fedara", **cfg)
+    ctx = Context(
+        run_id=1,
+        node_id=5,
+        node_config={"partition-id": pid, "num-partitions": 5},
+        state=RecordDict(),
+        run_config=rc,
+    )
+    return open_run(ctx, server_round, HOOKS["fedara"])
+
+
+def test_anchors_are_class_means_of_the_frozen_received_extractor(
+    tmp_path: Path,
+) -> None:
+    run = _client_run(tmp_path, server_round=3)
+    anchors, counts = anchors_of(run)
+    model = run.model.eval()
+    with torch.no_grad():
+        reps = model.features(run.data.x_train).numpy().astype(np.float64)
+    y = run.data.y_train.numpy()
+    for c in range(run.data.num_classes):
+        if (y == c).any():
+            np.testing.assert_allclose(
+                anchors[c].numpy(), reps[y == c].mean(0), rtol=1e-4, atol=1e-5
+            )
+            assert counts[c] == (y == c).sum()
+        else:
+            assert counts[c] == 0
+
+
+def test_round_one_has_no_anchor_term(tmp_path: Path) -> None:
+    hook = HOOKS["fedara"]
+    run1 = _client_run(tmp_path, 1, **{"fedara.frobenius-decay": 0.0})
+    loss1 = hook.extra_loss(run1)
+    reps = torch.randn(4, 500)
+    y = torch.tensor([0, 1, 2, 3])
+    assert float(loss1(reps, torch.zeros(4, 10), y)) == 0.0
+    run2 = _client_run(tmp_path, 2, **{"fedara.frobenius-decay": 0.0})
+    assert float(hook.extra_loss(run2)(reps, torch.zeros(4, 10), y)) > 0.0
+
+
+def test_frobenius_term_matches_explicit_product(tmp_path: Path) -> None:
+    from client_app.fedara import frobenius_sq
+    from models.lowrank import LowRankConv2d, LowRankLinear
+
+    run = _client_run(tmp_path, 1, pid=1)  # tier 0.5
+    want = 0.0
+    for m in run.model.extractor.modules():
+        if isinstance(m, LowRankLinear):
+            want += float(((m.u @ m.v.T) ** 2).sum())
+        elif isinstance(m, LowRankConv2d):
+            want += float(((m.factor_u() @ m.factor_v().T) ** 2).sum())
+    assert want > 0
+    assert float(frobenius_sq(run.model.extractor)) == pytest.approx(want, rel=1e-4)
+
+
+def test_upload_bytes_per_tier_match_the_analytic_counts(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, num_nodes=5, algorithm="fedara")
+    model = build_model("cnn-1", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
+    shapes = factorisable_layers(model.extractor)
+    total = sum(p.numel() for p in model.extractor.parameters())
+    tiers = [1, 0.5, 0.25, 0.125, 0.0625]
+    for row in res["rounds"]:
+        for pid, ratio in enumerate(tiers):
+            want = total
+            if ratio < 1:
+                for layer in ("fc1", "fc2"):
+                    sh = shapes[layer]
+                    want += param_count(sh, layer_rank(sh, ratio)) - int(np.prod(sh))
+            assert row["client-bytes-up"][str(pid)] == want * 4
+    assert len({row["client-bytes-up"]["0"], row["client-bytes-up"]["4"]}) == 2
+
+
+def test_fedara_star_homogeneous_half_rank(tmp_path: Path) -> None:
+    res, _ = run_inprocess(
+        tmp_path,
+        num_nodes=3,
+        algorithm="fedara",
+        **{
+            "model.family": "fedavgcnn",
+            "fedara.rank-tiers": "0.5",
+            "fedara.lambda": 10.0,
+        },
+    )
+    ups = {v for row in res["rounds"] for v in row["client-bytes-up"].values()}
+    assert len(ups) == 1  # one tier
+    assert all(r["valid-replies"] == 3 for r in res["rounds"])
