@@ -56,6 +56,7 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
             "num-examples": len(run.data.y_train),
             "train-loss": stats.loss,
             "train-time-s": stats.seconds,
+            "rounds-trained": run.rounds_trained,
         }
     )
     return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}), reply_to=msg)

@@ -11,21 +11,29 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.common.logger import log
 from torch import Tensor
 
-from common.config import RunConfig, Scalar, parse_run_config
+from client_app import profiles
+from client_app import state as personal_state
+from client_app.profiles import Profile
+from common.config import ConfigError, RunConfig, Scalar, parse_run_config
 from common.records import to_record, to_torch
-from data import ClientData, load_client_data
+from data import ClientData, load_client_data, load_local_data
 from models import HetNet, arch_for_partition, build_model, natural_dim
 from models.train import EvalStats, ExtraLoss, SGDSettings, TrainStats, evaluate, train
 
 MODEL_KEY = "fedhet.model"
 """``context.state`` key of the personal model's state dict."""
+META_KEY = "fedhet.meta"
+"""``context.state`` key of bookkeeping (``rounds-trained``)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,6 +53,7 @@ class NodeSpec:
     partition_id: int
     num_partitions: int
     arch: str
+    profile: Profile | None = None
 
     options: Mapping[str, Scalar] = field(default_factory=dict)
     """The full node config (profile, rank-ratio, ...)."""
@@ -56,6 +65,8 @@ class NodeSpec:
         node_config: Mapping[str, Scalar],
         base_arch: str | None = None,
     ) -> NodeSpec:
+        """Partition from node-config; architecture: node-config ``model`` > the
+        algorithm's single base architecture > the profile's > round-robin."""
         try:
             pid = int(node_config["partition-id"])
             num = int(node_config["num-partitions"])
@@ -66,10 +77,39 @@ class NodeSpec:
             ) from None
         if not 0 <= pid < num:
             raise ValueError(f"node-config partition-id={pid} not in [0, {num})")
+        name = node_config.get("profile")
+        profile = profiles.resolve(str(name)) if name else None
         arch = str(
-            node_config.get("model") or base_arch or arch_for_partition(cfg.model.family, pid)
+            node_config.get("model")
+            or base_arch
+            or (profile.archs.get(cfg.model.family) if profile else None)
+            or arch_for_partition(cfg.model.family, pid)
         )
-        return cls(partition_id=pid, num_partitions=num, arch=arch, options=dict(node_config))
+        return cls(pid, num, arch, profile, dict(node_config))
+
+    def state_file(self, cfg: RunConfig) -> Path | None:
+        """Where node-config ``state-dir`` keeps this node's personal model."""
+        state_dir = self.options.get("state-dir")
+        if not state_dir:
+            return None
+        return personal_state.state_path(str(state_dir), cfg, self.arch)
+
+    def load_data(self, cfg: RunConfig) -> ClientData:
+        """Device-local data (node-config ``data-name`` + ``data-root``) or the partition."""
+        name = self.options.get("data-name")
+        if not name:
+            return load_client_data(cfg.data, self.partition_id, self.num_partitions, cfg.seed)
+        root = self.options.get("data-root")
+        if not root:
+            raise ConfigError("node-config data-name is set but data-root is not")
+        return load_local_data(
+            str(name),
+            str(root),
+            cfg.data.train_fraction,
+            derive_seed(cfg.seed, self.partition_id),
+            cfg.data.min_train_samples,
+            cfg.data.min_test_samples,
+        )
 
 
 def derive_seed(*parts: int) -> int:
@@ -102,23 +142,33 @@ class ClientRun:
         t = self.cfg.train
         return SGDSettings(
             epochs=t.local_epochs,
-            batch_size=t.batch_size,
+            batch_size=self.node.profile.batch_size if self.node.profile else t.batch_size,
             lr=t.lr,
             momentum=t.momentum,
             weight_decay=t.weight_decay,
         )
 
+    @property
+    def rounds_trained(self) -> int:
+        meta = self.state.config_records.get(META_KEY)
+        return int(meta["rounds-trained"]) if meta else 0  # type: ignore[arg-type]
+
     def save(self) -> None:
-        """Persist the personal model for the next round."""
+        """Persist the personal model for the next round (and on disk with state-dir)."""
+        rounds = self.rounds_trained + 1
         self.state[MODEL_KEY] = to_record(self.model.state_dict())
+        self.state[META_KEY] = ConfigRecord({"rounds-trained": rounds})
+        path = self.node.state_file(self.cfg)
+        if path is not None:
+            personal_state.save(path, self.model.state_dict(), rounds)
 
 
 def feature_dim(cfg: RunConfig) -> int:
     return cfg.model.feature_dim or natural_dim(cfg.model.family)
 
 
-def device_of(cfg: RunConfig) -> torch.device:
-    want = cfg.train.device
+def device_of(cfg: RunConfig, node: NodeSpec) -> torch.device:
+    want = node.profile.device if node.profile else cfg.train.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(want)
@@ -127,10 +177,11 @@ def device_of(cfg: RunConfig) -> torch.device:
 def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun:
     """Config, node, data and the personal model (restored, or fresh and seeded)."""
     cfg = run_config(context)
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
     node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
-    data = load_client_data(cfg.data, node.partition_id, node.num_partitions, cfg.seed)
+    threads = node.profile.threads if node.profile else cfg.train.num_threads
+    if threads > 0:
+        torch.set_num_threads(threads)
+    data = node.load_data(cfg)
     model = build_model(
         node.arch,
         in_channels=data.in_channels,
@@ -144,8 +195,32 @@ def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun
     hook.prepare(run)
     if MODEL_KEY in context.state.array_records:
         run.model.load_state_dict(to_torch(context.state[MODEL_KEY]))
-    run.model.to(device_of(cfg))
+    else:
+        resume(run)
+    run.model.to(device_of(cfg, node))
     return run
+
+
+def resume(run: ClientRun) -> None:
+    """Load the personal model from node-config ``state-dir`` if one was saved."""
+    path = run.node.state_file(run.cfg)
+    saved = personal_state.load(path) if path is not None else None
+    if saved is None:
+        return
+    model_state, rounds = saved
+    try:
+        run.model.load_state_dict(model_state)
+    except RuntimeError as exc:
+        log(
+            WARNING,
+            "personal state %s does not fit this model, starting fresh: %s",
+            path,
+            str(exc).splitlines()[0],
+        )
+        return
+    run.state[MODEL_KEY] = to_record(model_state)
+    run.state[META_KEY] = ConfigRecord({"rounds-trained": rounds})
+    log(INFO, "resumed personal model from %s (%d rounds trained)", path, rounds)
 
 
 class ClientHook:

@@ -17,12 +17,14 @@ EXTRACTOR = "extractor."
 
 
 def rank_ratio(run: ClientRun) -> float:
-    """Node-config ``rank-ratio`` (deployment) or the tier of this partition."""
+    """Node-config ``rank-ratio``, else the profile's, else this partition's tier."""
     if "rank-ratio" in run.node.options:
         ratio = float(run.node.options["rank-ratio"])
         if not 0 < ratio <= 1:
             raise ValueError(f"node-config rank-ratio={ratio} must be in (0, 1]")
         return ratio
+    if run.node.profile is not None:
+        return run.node.profile.rank_ratio
     tiers = run.cfg.fedara.tiers()
     return tiers[run.node.partition_id % len(tiers)]
 

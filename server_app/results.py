@@ -154,6 +154,7 @@ class Recorded(Strategy):
             "client-train-time-s": tr.get("train-time-s"),
             "bytes-down-eval": cur["bytes-down-eval"],
             "client-bytes-up": cur["client-bytes-up"],
+            "client-train": {str(k): v for k, v in sorted(self.inner.last_train.items())},
             "eval-clients": int(ev.get("eval-clients", 0)),
             "client-accuracy": {
                 str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())

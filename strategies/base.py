@@ -207,6 +207,7 @@ class HeteroStrategy(Strategy):
     def valid_uploads(self, server_round: int, replies: Iterable[Message]) -> list[Upload]:
         """Replies usable for aggregation; every other one is logged and recorded."""
         uploads = []
+        self.last_train = {}
         for reply in replies:
             nid = reply.metadata.src_node_id
             reason = self._reply_problem(reply)

@@ -1,0 +1,232 @@
+"""A real federation on one machine: SuperLink + N SuperNodes as processes.
+
+TLS and SuperNode authentication are on unless ``secure=False``. The commands are
+built by :func:`superlink_command` / :func:`supernode_command`, the same functions
+whose output ``docker-compose.yml`` is checked against, so what is tested on
+loopback is what the containers run.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cli.launch import (
+    Processes,
+    RunOutcome,
+    Scalar,
+    flower_env,
+    free_port,
+    run_status,
+    stream_run,
+    toml_value,
+    wait_http,
+    write_connection,
+    write_run_config,
+)
+from cli.security import make_certificates, make_node_keys
+
+CONNECTION = "fedhet-federation"
+
+
+def superlink_command(
+    *, host: str, port: int, certs: Path | None, isolation: str = "subprocess"
+) -> list[str]:
+    """``flower-superlink`` with TLS + node auth (or ``--insecure`` when certs is None)."""
+    cmd = ["flower-superlink"]
+    if certs is None:
+        cmd += ["--insecure"]
+    else:
+        cmd += [
+            "--ssl-ca-certfile",
+            str(certs / "ca.crt"),
+            "--ssl-certfile",
+            str(certs / "server.pem"),
+            "--ssl-keyfile",
+            str(certs / "server.key"),
+            "--enable-supernode-auth",
+        ]
+    return cmd + [
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--isolation",
+        isolation,
+        "--disable-runtime-dependency-installation",
+    ]
+
+
+def node_config_string(config: Mapping[str, Scalar]) -> str:
+    """``partition-id=0 num-partitions=3 profile="rpi4"`` (TOML values)."""
+    return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+
+
+def supernode_command(
+    *,
+    superlink: str,
+    host: str,
+    port: int,
+    ca: Path | None,
+    key: Path | None,
+    node_config: Mapping[str, Scalar],
+) -> list[str]:
+    """``flower-supernode`` with TLS root certificate and its auth key (or insecure)."""
+    cmd = ["flower-supernode", "--superlink", superlink]
+    cmd += ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    return cmd + [
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config_string(node_config),
+    ]
+
+
+@dataclass
+class Federation:
+    """SuperLink + SuperNodes on 127.0.0.1 under ``workdir``; use as a context manager."""
+
+    workdir: Path
+    node_configs: Sequence[Mapping[str, Scalar]]
+    app_dir: Path
+    secure: bool = True
+    echo: Callable[[str], None] | None = None
+    port: int = field(default_factory=free_port)
+    node_ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()
+        self.home = self.workdir / "flwr-home"
+        self.env = flower_env(self.home)
+        self.procs = Processes(self.env, self.workdir / "logs")
+        self.certs = self.workdir / "certs" if self.secure else None
+        self.keys = self.workdir / "keys"
+        self.node_ports = [free_port() for _ in self.node_configs]
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Federation:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _say(self, text: str) -> None:
+        if self.echo:
+            self.echo(text)
+
+    def start(self) -> None:
+        if self.certs is not None:
+            make_certificates(self.certs, ["localhost", "127.0.0.1"])
+            make_node_keys(self.keys, len(self.node_configs) + 1)  # +1: never registered
+        proc = self.procs.start(
+            "superlink", superlink_command(host="127.0.0.1", port=self.port, certs=self.certs)
+        )
+        scheme = "https" if self.certs else "http"
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt")) if self.certs else None
+        wait_http(f"{scheme}://127.0.0.1:{self.port}/health", 60, proc, context=ctx)
+        write_connection(
+            self.home,
+            CONNECTION,
+            f"127.0.0.1:{self.port}",
+            root_certificates=self.certs / "ca.crt" if self.certs else None,
+        )
+        self._say(
+            f"SuperLink up on 127.0.0.1:{self.port} "
+            f"({'TLS + node auth' if self.certs else 'insecure'})"
+        )
+        if self.certs is not None:
+            for i in range(len(self.node_configs)):
+                self.flwr("supernode", "register", str(self.keys / f"node-{i}.pub"), CONNECTION)
+        for i in range(len(self.node_configs)):
+            self.start_node(i)
+        self.wait_online(len(self.node_configs))
+        self._say(f"{len(self.node_configs)} SuperNodes online")
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+
+    # ------------------------------------------------------------------ nodes
+    def node_command(self, i: int, key_index: int | None = None) -> list[str]:
+        key = None
+        if self.certs is not None:
+            key = self.keys / f"node-{i if key_index is None else key_index}"
+        return supernode_command(
+            superlink=f"127.0.0.1:{self.port}",
+            host="127.0.0.1",
+            port=self.node_ports[i],
+            ca=self.certs / "ca.crt" if self.certs else None,
+            key=key,
+            node_config=self.node_configs[i],
+        )
+
+    def start_node(self, i: int) -> subprocess.Popen[bytes]:
+        return self.procs.start(f"supernode-{i}", self.node_command(i))
+
+    def stop_node(self, i: int, sig: int) -> None:
+        self.procs.stop(f"supernode-{i}", sig=sig)
+
+    def flwr(self, *args: str, timeout: float = 60) -> str:
+        out = subprocess.run(
+            ["flwr", *args],
+            env=self.env,
+            cwd=self.app_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(
+                f"flwr {' '.join(args)} failed: {out.stdout[-500:]} {out.stderr[-500:]}"
+            )
+        return out.stdout
+
+    def online_nodes(self) -> int:
+        text = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+        nodes = json.loads(text).get("nodes", [])
+        return sum(1 for n in nodes if n.get("status") == "online")
+
+    def wait_online(self, count: int, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.online_nodes() >= count:
+                return
+            time.sleep(1)
+        raise TimeoutError(f"only {self.online_nodes()} of {count} SuperNodes online")
+
+    # ------------------------------------------------------------------ runs
+    def run(
+        self,
+        overrides: Mapping[str, Scalar],
+        timeout: float = 1800,
+        echo: Callable[[str], None] | None = None,
+    ) -> RunOutcome:
+        """``flwr run <app> fedhet-federation --stream``; the real status from ``flwr list``."""
+        cfg_dir = self.workdir / "run-config"
+        cfg_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.workdir / "logs" / f"run-{int(time.time() * 1000)}.log"
+        cmd = [
+            "flwr",
+            "run",
+            str(self.app_dir),
+            CONNECTION,
+            "--stream",
+            "--run-config",
+            str(write_run_config(overrides, cfg_dir)),
+        ]
+        run_id = stream_run(cmd, self.env, self.app_dir, log_path, echo or self.echo, timeout)
+        status = run_status(self.env, CONNECTION, run_id, self.app_dir) if run_id else "not started"
+        return RunOutcome(run_id, status, log_path)
