@@ -9,6 +9,8 @@ loopback is what the containers run.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import ssl
 import subprocess
 import time
@@ -23,6 +25,7 @@ from cli.launch import (
     flower_env,
     free_port,
     run_status,
+    sigterm_as_exit,
     stream_run,
     toml_value,
     wait_http,
@@ -102,6 +105,8 @@ class Federation:
     echo: Callable[[str], None] | None = None
     port: int = field(default_factory=free_port)
     node_ports: list[int] = field(default_factory=list)
+    node_ids: dict[int, int] = field(default_factory=dict)
+    """Node index -> SuperNode id (known once its key is registered)."""
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -114,15 +119,20 @@ class Federation:
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Federation:
+        self._sigterm = sigterm_as_exit()
+        self._sigterm.__enter__()
         try:
             self.start()
         except BaseException:
-            self.stop()
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._sigterm.__exit__(None, None, None)
 
     def _say(self, text: str) -> None:
         if self.echo:
@@ -150,7 +160,10 @@ class Federation:
         )
         if self.certs is not None:
             for i in range(len(self.node_configs)):
-                self.flwr("supernode", "register", str(self.keys / f"node-{i}.pub"), CONNECTION)
+                out = self.flwr(
+                    "supernode", "register", str(self.keys / f"node-{i}.pub"), CONNECTION
+                )
+                self.node_ids[i] = int(re.search(r"SuperNode (\d+)", out).group(1))  # type: ignore[union-attr]
         for i in range(len(self.node_configs)):
             self.start_node(i)
         self.wait_online(len(self.node_configs))
@@ -194,10 +207,29 @@ class Federation:
             )
         return out.stdout
 
-    def online_nodes(self) -> int:
+    def node_status(self) -> dict[int, str]:
+        """Node id -> status as the SuperLink reports it."""
         text = self.flwr("supernode", "list", CONNECTION, "--format", "json")
-        nodes = json.loads(text).get("nodes", [])
-        return sum(1 for n in nodes if n.get("status") == "online")
+        return {int(n["node-id"]): str(n.get("status")) for n in json.loads(text)["nodes"]}
+
+    def online_nodes(self) -> int:
+        return sum(1 for status in self.node_status().values() if status == "online")
+
+    def restart_node(self, i: int, sig: int = signal.SIGKILL, timeout: float = 180) -> None:
+        """Stop node ``i``, wait until the SuperLink has let go of it, start it again.
+
+        After a SIGKILL the SuperLink keeps the node's session until its heartbeat
+        expires; a new process with the same key is refused until then.
+        """
+        self.stop_node(i, sig)
+        nid = self.node_ids.get(i)
+        deadline = time.monotonic() + timeout
+        while nid is not None and self.node_status().get(nid) == "online":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SuperLink still has node {nid} online")
+            time.sleep(2)
+        self.start_node(i)
+        self.wait_online(len(self.node_configs))
 
     def wait_online(self, count: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

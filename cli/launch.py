@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +31,23 @@ FLOWER_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
 """Environment every Flower process of ours gets (see README, "Environment")."""
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks stop what we started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:
@@ -218,7 +236,8 @@ def simulation_superlink(
     procs = Processes(env, flwr_home / "logs")
     port = free_port()
     conn = f"fedhet-sim-{port}"
-    try:
+    with sigterm_as_exit(), contextlib.ExitStack() as stack:
+        stack.callback(procs.stop_all)
         sl = procs.start(
             "superlink",
             [
@@ -237,8 +256,6 @@ def simulation_superlink(
         wait_http(f"http://127.0.0.1:{port}/health", 60, sl)
         write_connection(flwr_home, conn, f"127.0.0.1:{port}")
         yield conn, env, procs
-    finally:
-        procs.stop_all()
 
 
 def run_simulation(

@@ -11,7 +11,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import torch.nn.functional as F
-import torchvision.models as tvm
 from torch import Tensor, nn
 
 __all__ = [
@@ -265,21 +264,22 @@ def _googlenet(model: nn.Module, in_channels: int, small_stem: bool) -> nn.Modul
     return model
 
 
-_TORCHVISION: dict[str, tuple[Callable[[], nn.Module], Callable[..., nn.Module]]] = {
-    "resnet18": (lambda: tvm.resnet18(weights=None), _resnet),
-    "resnet34": (lambda: tvm.resnet34(weights=None), _resnet),
-    "resnet50": (lambda: tvm.resnet50(weights=None), _resnet),
-    "resnet101": (lambda: tvm.resnet101(weights=None), _resnet),
-    "resnet152": (lambda: tvm.resnet152(weights=None), _resnet),
-    "mobilenet_v2": (lambda: tvm.mobilenet_v2(weights=None), _mobilenet_v2),
-    "shufflenet_v2": (lambda: tvm.shufflenet_v2_x1_0(weights=None), _shufflenet_v2),
+_TORCHVISION: dict[str, tuple[str, dict[str, object], Callable[..., nn.Module]]] = {
+    "resnet18": ("resnet18", {}, _resnet),
+    "resnet34": ("resnet34", {}, _resnet),
+    "resnet50": ("resnet50", {}, _resnet),
+    "resnet101": ("resnet101", {}, _resnet),
+    "resnet152": ("resnet152", {}, _resnet),
+    "mobilenet_v2": ("mobilenet_v2", {}, _mobilenet_v2),
+    "shufflenet_v2": ("shufflenet_v2_x1_0", {}, _shufflenet_v2),
     "googlenet": (
-        lambda: tvm.googlenet(
-            weights=None, aux_logits=False, transform_input=False, init_weights=True
-        ),
+        "googlenet",
+        {"aux_logits": False, "transform_input": False, "init_weights": True},
         _googlenet,
     ),
 }
+"""arch -> (torchvision.models constructor, its arguments, stem adapter). torchvision
+is imported only when one is built: it costs seconds of start-up per client process."""
 
 
 def torchvision_extractor(name: str, in_channels: int, small_stem: bool) -> nn.Module:
@@ -300,5 +300,8 @@ def torchvision_extractor(name: str, in_channels: int, small_stem: bool) -> nn.M
         Module mapping ``[B, c_in, H, W]`` to the globally pooled, flattened
         features of size ``TORCHVISION_OUT_FEATURES[name]``.
     """
-    constructor, adapt = _TORCHVISION[name]
-    return adapt(constructor(), in_channels, small_stem)
+    import torchvision.models as tvm
+
+    constructor, kwargs, adapt = _TORCHVISION[name]
+    net = getattr(tvm, constructor)(weights=None, **kwargs)
+    return adapt(net, in_channels, small_stem)

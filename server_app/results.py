@@ -85,7 +85,7 @@ class Recorded(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         with_content = [r for r in replies if not r.has_error()]
-        per_client = {r.metadata.src_node_id: content_bytes(r.content) for r in with_content}
+        per_client = {self.inner.sender(r): content_bytes(r.content) for r in with_content}
         self._cur["bytes-up"] += sum(per_client.values())
         nodes = self.inner.nodes
         self._cur["client-bytes-up"] = {
@@ -150,6 +150,7 @@ class Recorded(Strategy):
             "round-time-s": seconds,
             "server-time-s": cur["server-time-s"],
             "valid-replies": int(tr.get("valid-replies", 0)),
+            "missing-replies": len(self.inner.missing),
             "train-loss": tr.get("train-loss"),
             "client-train-time-s": tr.get("train-time-s"),
             "bytes-down-eval": cur["bytes-down-eval"],

@@ -16,6 +16,7 @@ from logging import INFO, WARNING
 from typing import ClassVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -84,6 +85,12 @@ class HeteroStrategy(Strategy):
         self.global_arrays: Arrays = {}
         self.last_train: dict[int, dict[str, float]] = {}
         self.last_eval: dict[int, dict[str, float]] = {}
+        self._outbox: dict[int, Message] = {}
+        """Messages sent, to attribute SuperLink-made error replies to their node."""
+        self.awaiting: set[int] = set()
+        """Nodes sent a training message this round."""
+        self.missing: list[int] = []
+        """Nodes that did not reply to this round's training message in time."""
         self.rejected: list[tuple[int, int, str]] = []
         """``(round, node_id, reason)`` for every reply dropped from aggregation."""
 
@@ -108,6 +115,22 @@ class HeteroStrategy(Strategy):
         """Why an upload is unusable, or ``None`` (default: keys/shapes/finite)."""
         return invalid_reason(arrays, self.expected_upload(node))
 
+    def sender(self, reply: Message) -> int:
+        """The node a reply is about. Errors the SuperLink makes for an unreachable
+        node come from the SuperLink itself; they name our message instead."""
+        src = reply.metadata.src_node_id
+        if src != SUPERLINK_NODE_ID:
+            return src
+        wanted = reply.metadata.reply_to_message_id
+        for msg in self._outbox.values():
+            if wanted and msg.metadata.message_id == wanted:
+                return msg.metadata.dst_node_id
+        return src
+
+    def _remember(self, msgs: list[Message]) -> list[Message]:
+        self._outbox = {id(m): m for m in msgs}
+        return msgs
+
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, node_ids: Iterable[int]) -> None:
         """Ask every node not yet known for its profile (once per node)."""
@@ -122,8 +145,9 @@ class HeteroStrategy(Strategy):
             )
             for nid in unknown
         ]
+        self._remember(msgs)
         for reply in grid.send_and_receive(msgs, timeout=self.cfg.round_timeout):
-            nid = reply.metadata.src_node_id
+            nid = self.sender(reply)
             if reply.has_error():
                 log(
                     WARNING,
@@ -202,14 +226,15 @@ class HeteroStrategy(Strategy):
             salt=0,
         )
         log(INFO, "configure_train: %d nodes", len(nodes))
-        return self._messages(server_round, nodes, "train", config)
+        self.awaiting = {n.node_id for n in nodes}
+        return self._remember(self._messages(server_round, nodes, "train", config))
 
     def valid_uploads(self, server_round: int, replies: Iterable[Message]) -> list[Upload]:
         """Replies usable for aggregation; every other one is logged and recorded."""
         uploads = []
         self.last_train = {}
         for reply in replies:
-            nid = reply.metadata.src_node_id
+            nid = self.sender(reply)
             reason = self._reply_problem(reply)
             upload = None
             if reason is None:
@@ -234,7 +259,7 @@ class HeteroStrategy(Strategy):
         if reply.has_error():
             return f"error reply: {reply.error.reason}"
         content = reply.content
-        if reply.metadata.src_node_id not in self.nodes:
+        if self.sender(reply) not in self.nodes:
             return "unknown node"
         if "arrays" not in content.array_records or "metrics" not in content.metric_records:
             return "reply lacks 'arrays' or 'metrics'"
@@ -248,7 +273,7 @@ class HeteroStrategy(Strategy):
             k: float(v) for k, v in reply.content["metrics"].items() if isinstance(v, int | float)
         }
         return Upload(
-            node=self.nodes[reply.metadata.src_node_id],
+            node=self.nodes[self.sender(reply)],
             arrays=to_numpy(reply.content["arrays"]),
             num_examples=int(metrics["num-examples"]),
             metrics=metrics,
@@ -258,6 +283,16 @@ class HeteroStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, then :meth:`aggregate`; too few valid replies keep the state."""
+        replies = list(replies)
+        self.missing = sorted(self.awaiting - {self.sender(r) for r in replies})
+        if self.missing:
+            log(
+                WARNING,
+                "round %d: no reply within round-timeout=%gs from node(s) %s",
+                server_round,
+                self.cfg.round_timeout,
+                self.missing,
+            )
         uploads = self.valid_uploads(server_round, replies)
         if len(uploads) < self.cfg.min_valid_replies:
             log(
@@ -303,7 +338,7 @@ class HeteroStrategy(Strategy):
             self.cfg.min_evaluate_nodes,
             salt=1,
         )
-        return self._messages(server_round, nodes, "evaluate", config)
+        return self._remember(self._messages(server_round, nodes, "evaluate", config))
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -311,7 +346,7 @@ class HeteroStrategy(Strategy):
         """Personalized accuracy: Σcorrect/Σsamples, plus mean and std over clients."""
         rows = []
         for reply in replies:
-            nid = reply.metadata.src_node_id
+            nid = self.sender(reply)
             if reply.has_error() or "metrics" not in reply.content.metric_records:
                 reason = reply.error.reason if reply.has_error() else "no metrics"
                 log(

@@ -132,3 +132,29 @@ def test_lgfedavg_refuses_disagreeing_heads() -> None:
     s = strategy(LGFedAvg, [node(10, 0, d=500), node(11, 1, d=512)])
     with pytest.raises(ValueError, match="disagree"):
         s.init_global()
+
+
+def test_superlink_error_for_a_dead_node_is_attributed_to_that_node() -> None:
+    """The SuperLink answers for an unreachable node with an error *it* sends
+    (src = SuperLink); the strategy must still name the node it is about."""
+    from flwr.app import ConfigRecord, Error, Message
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    nodes = [node(10, 0), node(11, 1)]
+    s = strategy(LGFedAvg, nodes)
+    s.global_arrays = s.init_global()
+
+    class Grid:
+        def get_node_ids(self) -> list[int]:
+            return [10, 11]
+
+    msgs = list(s.configure_train(1, None, ConfigRecord(), Grid()))
+    for i, m in enumerate(msgs):  # what Grid.push_messages does
+        m.metadata.__dict__["_message_id"] = f"id-{i}"
+    dead = next(m for m in msgs if m.metadata.dst_node_id == 11)
+    err = Message(Error(code=3, reason="Node Unavailable"), reply_to=dead)
+    err.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+    err.metadata.__dict__["_reply_to_message_id"] = dead.metadata.message_id
+    s.aggregate_train(1, [reply(10, head(), 5), err])
+    assert [(r, n) for r, n, _ in s.rejected] == [(1, 11)]
+    assert s.missing == []
