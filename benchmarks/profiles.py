@@ -65,8 +65,12 @@ print(json.dumps({
 
 
 def measure(algorithm: str, profile: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), algorithm, profile],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), algorithm, profile],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,8 +87,16 @@ def main() -> None:
     for algorithm in args.algorithms.split(","):
         for name, p in PROFILES.items():
             m = measure(algorithm, name)
-            rows.append({"profile": name, "algorithm": algorithm, "batch-size": p.batch_size,
-                         "threads": p.threads, "device": p.device, **m})
+            rows.append(
+                {
+                    "profile": name,
+                    "algorithm": algorithm,
+                    "batch-size": p.batch_size,
+                    "threads": p.threads,
+                    "device": p.device,
+                    **m,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))

@@ -28,18 +28,22 @@ SUITE_ROWS = {
     "fedlora": ["fedlora", "lgfedavg", "local"],
 }
 ABLATIONS = {
-    "fedara": ("λ (scarce)", ["fedara-lambda0", "fedara-lambda1", "fedara",
-                              "fedara-lambda10"]),
+    "fedara": ("λ (scarce)", ["fedara-lambda0", "fedara-lambda1", "fedara", "fedara-lambda10"]),
     "fedlora": ("rank (scarce)", ["fedlora-rank2", "fedlora", "fedlora-rank32"]),
 }
-LABELS = {"fedara": "fedara (tiers 1…1/16, λ=2)", "fedara-star": "FedARA* (fedavgcnn, r=0.5, λ=10)",
-          "fedara-lambda0": "fedara λ=0", "fedara-lambda1": "fedara λ=1",
-          "fedara-lambda10": "fedara λ=10", "fedlora": "fedlora (r=8)",
-          "fedlora-rank2": "fedlora r=2", "fedlora-rank32": "fedlora r=32"}
+LABELS = {
+    "fedara": "fedara (tiers 1…1/16, λ=2)",
+    "fedara-star": "FedARA* (fedavgcnn, r=0.5, λ=10)",
+    "fedara-lambda0": "fedara λ=0",
+    "fedara-lambda1": "fedara λ=1",
+    "fedara-lambda10": "fedara λ=10",
+    "fedlora": "fedlora (r=8)",
+    "fedlora-rank2": "fedlora r=2",
+    "fedlora-rank32": "fedlora r=32",
+}
 COMMAND = {
-    "fedre": "python benchmarks/accuracy.py --suite fedre && python benchmarks/tables.py --readme",
-    "fedara": "python benchmarks/accuracy.py --suite fedara && python benchmarks/tables.py --readme",
-    "fedlora": "python benchmarks/accuracy.py --suite fedlora && python benchmarks/tables.py --readme",
+    suite: f"python benchmarks/accuracy.py --suite {suite} && python benchmarks/tables.py --readme"
+    for suite in ("fedre", "fedara", "fedlora")
 }
 
 
@@ -78,8 +82,14 @@ def row(name: str, rs: list[Run], train_time: bool = False) -> str:
 
 
 def table(regime: str, names: list[str], train_time: bool = False) -> str:
-    head = ["method", "seeds", "accuracy (last)", "accuracy (best)", "up / client / round",
-            "down / client / round"]
+    head = [
+        "method",
+        "seeds",
+        "accuracy (last)",
+        "accuracy (best)",
+        "up / client / round",
+        "down / client / round",
+    ]
     if train_time:
         head.append("client train time / round (s)")
     head.append("wall time (s)")
@@ -94,9 +104,11 @@ def table(regime: str, names: list[str], train_time: bool = False) -> str:
 def regime_title(regime: str) -> str:
     r = REGIMES[regime]
     cfg = r["config"]
-    return (f"*{regime}*: Fashion-MNIST, `data.fraction={cfg['data.fraction']}`, "
-            f"{r['clients']} clients, Dirichlet α={cfg['data.alpha']}, `cnn` family, "
-            f"30 rounds, seeds {', '.join(map(str, r['seeds']))}")
+    return (
+        f"*{regime}*: Fashion-MNIST, `data.fraction={cfg['data.fraction']}`, "
+        f"{r['clients']} clients, Dirichlet α={cfg['data.alpha']}, `cnn` family, "
+        f"30 rounds, seeds {', '.join(map(str, r['seeds']))}"
+    )
 
 
 def plot(suite: str, regime: str, names: list[str]) -> Path | None:
@@ -113,22 +125,29 @@ def ratios(regime: str) -> str:
     lo, lg = runs(regime, "fedlora"), runs(regime, "lgfedavg")
     if not lo or not lg:
         return ""
-    t = statistics.fmean(mean_of_rounds(r, "client-train-time-s") for r in lo) / \
-        statistics.fmean(mean_of_rounds(r, "client-train-time-s") for r in lg)
-    b = statistics.fmean(mean_of_rounds(r, "bytes-up-per-client") for r in lo) / \
-        statistics.fmean(mean_of_rounds(r, "bytes-up-per-client") for r in lg)
-    return (f"- {regime}: client train time fedlora / lgfedavg = **{t:.2f}×**, "
-            f"upload bytes fedlora / lgfedavg = **{b:.3f}×**")
+    t = statistics.fmean(mean_of_rounds(r, "client-train-time-s") for r in lo) / statistics.fmean(
+        mean_of_rounds(r, "client-train-time-s") for r in lg
+    )
+    b = statistics.fmean(mean_of_rounds(r, "bytes-up-per-client") for r in lo) / statistics.fmean(
+        mean_of_rounds(r, "bytes-up-per-client") for r in lg
+    )
+    return (
+        f"- {regime}: client train time fedlora / lgfedavg = **{t:.2f}×**, "
+        f"upload bytes fedlora / lgfedavg = **{b:.3f}×**"
+    )
 
 
 def section(suite: str) -> str:
-    out = [f"#### {suite} suite", "", f"Produced by `{COMMAND[suite]}` (each run is a real "
-           "`flwr run` simulation on 2 CPU cores; identical partitions for every method; no "
-           "per-method tuning: every method runs with the defaults of the run-config table).",
-           ""]
+    out = [
+        f"#### {suite} suite",
+        "",
+        f"Produced by `{COMMAND[suite]}` (each run is a real "
+        "`flwr run` simulation on 2 CPU cores; identical partitions for every method; no "
+        "per-method tuning: every method runs with the defaults of the run-config table).",
+        "",
+    ]
     for regime in REGIMES:
-        out += [regime_title(regime), "", table(regime, SUITE_ROWS[suite], suite == "fedlora"),
-                ""]
+        out += [regime_title(regime), "", table(regime, SUITE_ROWS[suite], suite == "fedlora"), ""]
         path = plot(suite, regime, SUITE_ROWS[suite])
         if path:
             out += [f"![{suite} {regime}]({path.relative_to(ROOT)})", ""]
@@ -136,8 +155,12 @@ def section(suite: str) -> str:
         title, names = ABLATIONS[suite]
         out += [f"Ablation, {title}:", "", table("scarce", names, suite == "fedlora"), ""]
     if suite == "fedlora":
-        out += ["Against LG-FedAvg (the paper's claims are about these ratios):", "",
-                *[x for x in (ratios(r) for r in REGIMES) if x], ""]
+        out += [
+            "Against LG-FedAvg (the paper's claims are about these ratios):",
+            "",
+            *[x for x in (ratios(r) for r in REGIMES) if x],
+            "",
+        ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -154,8 +177,10 @@ def main() -> None:
     args = ap.parse_args()
     DOCS.mkdir(parents=True, exist_ok=True)
     sections = {suite: section(suite) for suite in SUITE_ROWS}
-    summary = {s: {reg: {n: [r.summary for r in runs(reg, n)] for n in SUITE_ROWS[s]}
-                   for reg in REGIMES} for s in SUITE_ROWS}
+    summary = {
+        s: {reg: {n: [r.summary for r in runs(reg, n)] for n in SUITE_ROWS[s]} for reg in REGIMES}
+        for s in SUITE_ROWS
+    }
     (DOCS / "accuracy-summary.json").write_text(json.dumps(summary, indent=1))
     for text in sections.values():
         print(text)

@@ -18,9 +18,10 @@ State-dict key scheme of a factorised layer ``L`` (relative to the extractor):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +46,25 @@ __all__ = [
     "param_count",
     "reconstruct",
     "reconstruct_state",
+    "torch_threads",
+    "weighted_reconstruction",
 ]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch intra-op threads (restored after).
+
+    The server's SVDs and reconstructions are medium-sized LAPACK/BLAS calls: with
+    several threads on a loaded machine (clients training beside the server) they
+    were ten times slower than with one, so the server uses one.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
@@ -466,3 +485,61 @@ def decompose_state(
             entries[lowrank_bias] = state[bias]
         convert[layer] = entries
     return _convert_state(state, layers, convert)
+
+
+def weighted_reconstruction(
+    states: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    layers: Mapping[str, tuple[int, ...]],
+    chunk_rank: int = 4096,
+) -> dict[str, Tensor]:
+    """``Σ_k w_k · reconstruct_state(states[k])`` (weights normalised), streaming.
+
+    Each state may be factorised at its own rank or full (ratio 1). For a layer,
+    ``Σ_k w_k U_k V_kᵀ`` is one product of the column-stacked ``[w_k U_k]`` and
+    ``[V_k]`` (in chunks of at most ``chunk_rank`` columns): the same arithmetic as
+    reconstructing client by client, in a few large matrix products, and without
+    holding every client's full-rank weights in memory. Accumulates in float64.
+    """
+    total = float(sum(weights))
+    if not states or total <= 0:
+        raise ValueError("need at least one state and a positive total weight")
+    acc: dict[str, Tensor] = {}
+    stacks: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in layers}
+
+    def add(key: str, value: Tensor, w: float) -> None:
+        term = value.double() * w
+        acc[key] = acc[key] + term if key in acc else term
+
+    for state, weight in zip(states, weights, strict=True):
+        w = float(weight) / total
+        factorised = {n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in state}
+        for layer in factorised:
+            u, v = factors_from_state(state, layer, layers[layer])
+            stacks[layer].append((u.float() * w, v.float()))
+            lowrank_bias, bias = _bias_keys(layer, layers[layer])
+            if lowrank_bias in state:
+                add(bias, state[lowrank_bias], w)
+        for key, value in state.items():
+            owner = _layer_of(key, layers)
+            if owner is None or owner not in factorised:
+                add(key, value, w)
+    for layer, pairs in stacks.items():
+        for u, v in _chunks(pairs, chunk_rank):
+            key = f"{layer}.weight"
+            add(key, reconstruct(u, v, layers[layer]), 1.0)
+    return acc
+
+
+def _chunks(pairs: list[tuple[Tensor, Tensor]], limit: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Column-stack factor pairs into products of at most ``limit`` total rank."""
+    batch: list[tuple[Tensor, Tensor]] = []
+    size = 0
+    for u, v in pairs:
+        if batch and size + u.shape[1] > limit:
+            yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
+            batch, size = [], 0
+        batch.append((u, v))
+        size += u.shape[1]
+    if batch:
+        yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)

@@ -191,12 +191,16 @@ class HeteroStrategy(Strategy):
         self, server_round: int, nodes: list[NodeInfo], kind: str, config: ConfigRecord
     ) -> list[Message]:
         msgs = []
+        # nodes served the same arrays share one record (the payload is kept referenced
+        # so its id cannot be reused within the loop)
+        records: dict[int, tuple[Arrays, ArrayRecord]] = {}
         for node in nodes:
             cfg = ConfigRecord(dict(config))
             cfg["server-round"] = server_round
-            content = RecordDict(
-                {"arrays": to_record(self.payload(server_round, node)), "config": cfg}
-            )
+            payload = self.payload(server_round, node)
+            if id(payload) not in records:
+                records[id(payload)] = (payload, to_record(payload))
+            content = RecordDict({"arrays": records[id(payload)][1], "config": cfg})
             msgs.append(
                 Message(
                     content,

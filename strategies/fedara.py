@@ -7,8 +7,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.records import Arrays, shapes, weighted_mean
-from models.lowrank import decompose_state, factorisable_layers, reconstruct_state
+from common.records import Arrays, shapes
+from models.lowrank import (
+    decompose_state,
+    factorisable_layers,
+    torch_threads,
+    weighted_reconstruction,
+)
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 EXTRACTOR = "extractor."
@@ -81,7 +86,8 @@ class FedARA(HeteroStrategy):
                 self._served[tier] = self.global_arrays
             else:
                 wanted = {name: self.layer_shapes[name] for name in layers}
-                state = decompose_state(self._extractor(), wanted, ratio)
+                with torch_threads(1):
+                    state = decompose_state(self._extractor(), wanted, ratio)
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
         return self._served[tier]
@@ -93,12 +99,14 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        full = []
-        for u in uploads:
-            _, layers = self.tier(u.node)
-            state = {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in u.arrays.items()}
-            rebuilt = reconstruct_state(state, {n: self.layer_shapes[n] for n in layers})
-            full.append({EXTRACTOR + k: v.numpy().astype(np.float32) for k, v in rebuilt.items()})
+        states = [
+            {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in u.arrays.items()}
+            for u in uploads
+        ]
+        mean = weighted_reconstruction(states, [u.num_examples for u in uploads], self.layer_shapes)
         self._served = {}  # the global state changes: decompose again on demand
         self.version += 1
-        return weighted_mean(full, [u.num_examples for u in uploads])
+        return {
+            key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
+            for key in self.global_arrays
+        }

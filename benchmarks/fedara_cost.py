@@ -1,0 +1,189 @@
+"""FedARA costs: server time per round, and per tier parameters, bytes, time, memory.
+
+1. Server: ``configure_train`` (one decomposition per distinct tier) + ``aggregate_train``
+   (reconstruction + sample-weighted mean) with 10, 100 and 1000 simulated client
+   replies spread round-robin over the 5 default tiers (cnn-1 extractor). Median of
+   3 repetitions, torch with 2 threads (the machine's cores).
+2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
+   vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
+   (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread)
+   and the peak RSS of a fresh process doing that round.
+
+    python benchmarks/fedara_cost.py --out benchmarks/out/fedara-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+def server_time(num_clients: int, repeats: int = 3) -> dict:
+    import numpy as np
+    import torch
+    from flwr.app import ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+
+    from common.config import parse_run_config
+    from strategies.base import NodeInfo
+    from strategies.fedara import FedARA
+    from tests.replies import reply
+
+    torch.set_num_threads(2)
+    nodes = [
+        NodeInfo(
+            node_id=100 + i,
+            partition_id=i,
+            arch="cnn-1",
+            num_train=100 + i,
+            num_test=30,
+            num_classes=10,
+            feature_dim=500,
+            class_counts=(10,) * 10,
+            extras={
+                "in-channels": 1,
+                "image-size": 28,
+                "small-stem": 1,
+                "rank-ratio": TIERS[i % 5],
+                "layers": "fc1,fc2",
+            },
+        )
+        for i in range(num_clients)
+    ]
+
+    class Grid:
+        def get_node_ids(self) -> list[int]:
+            return [n.node_id for n in nodes]
+
+    times, configure, aggregate, svds = [], [], [], []
+    rng = np.random.default_rng(0)
+    for _ in range(repeats):
+        s = FedARA(parse_run_config({"algorithm": "fedara", "min-available-nodes": 2}))
+        s.nodes = {n.node_id: n for n in nodes}
+        s.global_arrays = s.init_global()
+        t0 = time.perf_counter()
+        msgs = list(s.configure_train(1, None, ConfigRecord(), Grid()))
+        t1 = time.perf_counter()
+        replies = []
+        for m in msgs:
+            arrays = {
+                k: v.numpy() + rng.normal(0, 1e-3, v.shape).astype(np.float32)
+                for k, v in m.content["arrays"].items()
+            }
+            replies.append(reply(m.metadata.dst_node_id, arrays, 100))
+        t2 = time.perf_counter()
+        s.aggregate_train(1, replies)
+        t3 = time.perf_counter()
+        configure.append(t1 - t0)
+        aggregate.append(t3 - t2)
+        times.append((t1 - t0) + (t3 - t2))
+        svds.append(s.decompositions.get(0, 0))
+    return {
+        "clients": num_clients,
+        "server-s": statistics.median(times),
+        "configure-s": statistics.median(configure),
+        "aggregate-s": statistics.median(aggregate),
+        "decompositions": svds[0],
+    }
+
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from flwr.supercore.task_identity import TaskIdentity
+TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from client_app.app import app
+from common.config import flatten, parse_run_config
+from common.records import payload_bytes, to_record
+from strategies.base import NodeInfo
+from strategies.fedara import FedARA
+ratio = sys.argv[2]
+run_config = flatten(parse_run_config({"algorithm": "fedara", "fedara.rank-tiers": ratio,
+                                       "data.alpha": 0.1}))
+ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 20},
+              state=RecordDict(), run_config=run_config)
+info = app(Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
+                   message_type="query.profile"), ctx).content["profile"]
+s = FedARA(parse_run_config({"algorithm": "fedara"}))
+s.nodes = {5: NodeInfo.from_metrics(5, info)}
+s.global_arrays = s.init_global()
+payload = s.payload(2, s.nodes[5])
+content = {"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})}
+msg = Message(RecordDict(content), dst_node_id=5, message_type="train.fedara")
+t = time.perf_counter()
+out = app(msg, ctx)
+round_s = time.perf_counter() - t
+print(json.dumps({"params": int(sum(v.size for v in payload.values())),
+                  "bytes-up-measured": payload_bytes(out.content["arrays"]),
+                  "epoch-s": out.content["metrics"]["train-time-s"], "round-s": round_s,
+                  "peak-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def analytic_params(ratio: float) -> int:
+    from models import build_model
+    from models.lowrank import factorisable_layers, layer_rank, param_count
+
+    model = build_model("cnn-1", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
+    total = sum(p.numel() for p in model.extractor.parameters())
+    if ratio < 1:
+        shapes = factorisable_layers(model.extractor)
+        for layer in ("fc1", "fc2"):
+            sh = shapes[layer]
+            total += param_count(sh, layer_rank(sh, ratio)) - sh[0] * sh[1]
+    return total
+
+
+def per_tier() -> list[dict]:
+    rows = []
+    for ratio in TIERS:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(ROOT), str(ratio)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if out.returncode != 0:
+            raise SystemExit(out.stderr[-3000:])
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        m.update(
+            {
+                "rank-ratio": ratio,
+                "params-analytic": analytic_params(ratio),
+                "bytes-up-analytic": analytic_params(ratio) * 4,
+            }
+        )
+        rows.append(m)
+        print(json.dumps(m), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fedara-cost.json")
+    ap.add_argument("--clients", default="10,100,1000")
+    args = ap.parse_args()
+    server = []
+    for n in (int(c) for c in args.clients.split(",")):
+        server.append(server_time(n))
+        print(json.dumps(server[-1]), flush=True)
+    tiers = per_tier()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"server": server, "tiers": tiers}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
