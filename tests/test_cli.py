@@ -1,0 +1,88 @@
+"""The ``fedhet`` command: partition, report, certs, keys (in-process with typer)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from cryptography import x509
+from typer.testing import CliRunner
+
+from cli.main import app
+from common.config import known_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def test_partition_prints_counts_writes_heatmap_and_exports(tmp_path: Path) -> None:
+    args = ["partition", "-c", f"data.name='synthetic' data.cache-dir='{tmp_path / 'c'}'",
+            "-c", "data.alpha=0.5", "-n", "4", "--heatmap", str(tmp_path / "h.png"),
+            "--export", str(tmp_path / "split")]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    rows = [ln for ln in out.output.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s+\|", ln)]
+    assert len(rows) == 4
+    assert (tmp_path / "h.png").stat().st_size > 0
+    total = sum(int(r.split()[1]) + int(r.split()[2]) for r in rows)
+    exported = sum(len(np.load(f)["y"]) for f in (tmp_path / "split").glob("*/*.npz"))
+    assert total == exported == 2500  # synthetic: 2000 + 500, nothing dropped
+
+
+def test_partition_rejects_a_bad_key_with_one_line(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["partition", "-c", "data.alpha=-2.0"])
+    assert out.exit_code == 2
+    assert "data.alpha" in out.output and "greater than 0" in out.output
+
+
+def _results(path: Path, algo: str, seed: int, accs: list[float]) -> Path:
+    rounds = [{"round": i + 1, "accuracy": a, "bytes-up-per-client": 100.0,
+               "bytes-down-per-client": 200.0} for i, a in enumerate(accs)]
+    doc = {"config": {"algorithm": algo, "seed": seed, "out-dir": str(path)},
+           "rounds": rounds,
+           "summary": {"accuracy-last": accs[-1], "accuracy-best": max(accs),
+                       "wall-time-s": 10.0 + seed}}
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps(doc))
+    return path / "results.json"
+
+
+def test_report_folds_seeds_into_mean_and_std(tmp_path: Path) -> None:
+    files = [_results(tmp_path / f"a{s}", "fedre", s, [0.5, 0.6 + 0.1 * s]) for s in range(3)]
+    files.append(_results(tmp_path / "b", "local", 0, [0.4, 0.45]))
+    out = runner.invoke(app, ["report", *map(str, files), "--plot", str(tmp_path / "p.png")])
+    assert out.exit_code == 0, out.output
+    fedre = next(ln for ln in out.output.splitlines() if ln.startswith("| fedre"))
+    assert "| 3 |" in fedre and "0.7000 ± 0.1000" in fedre
+    assert "100 B" in fedre and "200 B" in fedre
+    assert any(ln.startswith("| local | 1 | 0.4500") for ln in out.output.splitlines())
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_certs_and_keys(tmp_path: Path) -> None:
+    out = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "superlink",
+                              "--host", "127.0.0.1"])
+    assert out.exit_code == 0, out.output
+    cert = x509.load_pem_x509_certificate((tmp_path / "c" / "server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "superlink" in san.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert (tmp_path / "c" / "ca.key").stat().st_mode & 0o077 == 0
+    out = runner.invoke(app, ["keys", str(tmp_path / "k"), "--nodes", "2"])
+    assert out.exit_code == 0, out.output
+    pub = (tmp_path / "k" / "node-1.pub").read_text()
+    assert pub.startswith("ecdsa-sha2-nistp384 ")
+
+
+def test_readme_documents_every_run_config_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [k for k in known_keys() if f"`{k}`" not in readme]
+    assert not missing, f"README lacks run-config keys: {missing}"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test.sh" in readme and "bash scripts/test.sh" in ci
