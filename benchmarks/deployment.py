@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -29,9 +30,15 @@ NODES = 3
 
 
 def overrides(out: Path, cache: Path) -> dict:
-    return {"algorithm": "fedre", "num-server-rounds": 4, "data.fraction": 0.05,
-            "data.alpha": 0.1, "out-dir": str(out), "data.cache-dir": str(cache),
-            "round-timeout": 600.0}
+    return {
+        "algorithm": "fedre",
+        "num-server-rounds": 4,
+        "data.fraction": 0.05,
+        "data.alpha": 0.1,
+        "out-dir": str(out),
+        "data.cache-dir": str(cache),
+        "round-timeout": 600.0,
+    }
 
 
 def round_times(out: Path) -> list[float]:
@@ -42,10 +49,17 @@ def timed(code: str, repeats: int = 5) -> float:
     """Median wall time of ``python -c code`` in fresh processes (start-up included)."""
     runs = []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c",
-                              "import time; t=time.perf_counter();" + code +
-                              ";print(time.perf_counter()-t)"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import time; t=time.perf_counter();" + code + ";print(time.perf_counter()-t)",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
         if out.returncode != 0:
             raise SystemExit(out.stderr[-2000:])
         runs.append(float(out.stdout.strip().splitlines()[-1]))
@@ -53,13 +67,17 @@ def timed(code: str, repeats: int = 5) -> float:
 
 
 def startup_breakdown(cache: Path) -> dict:
-    load = ("from common.config import parse_run_config; from data import load_client_data;"
-            "c=parse_run_config({'data.fraction':0.05,'data.alpha':0.1,"
-            f"'data.cache-dir':'{cache}'}}).data;"
-            "t0=time.perf_counter(); load_client_data(c,0,3,0); t=t0")
-    build = ("from models import build_model; t0=time.perf_counter();"
-             "build_model('cnn-1',in_channels=1,num_classes=10,image_size=28,feature_dim=500,"
-             "seed=0); t=t0")
+    load = (
+        "from common.config import parse_run_config; from data import load_client_data;"
+        "c=parse_run_config({'data.fraction':0.05,'data.alpha':0.1,"
+        f"'data.cache-dir':'{cache}'}}).data;"
+        "t0=time.perf_counter(); load_client_data(c,0,3,0); t=t0"
+    )
+    build = (
+        "from models import build_model; t0=time.perf_counter();"
+        "build_model('cnn-1',in_channels=1,num_classes=10,image_size=28,feature_dim=500,"
+        "seed=0); t=t0"
+    )
     return {
         "python-start-s": timed("pass"),
         "import-torch-s": timed("import torch"),
@@ -79,8 +97,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         cache = tmpd / "cache"
-        sim = run_simulation(ROOT, overrides(tmpd / "sim", cache), num_supernodes=NODES,
-                             flwr_home=tmpd / "sim-home", timeout=1800)
+        sim = run_simulation(
+            ROOT,
+            overrides(tmpd / "sim", cache),
+            num_supernodes=NODES,
+            flwr_home=tmpd / "sim-home",
+            timeout=1800,
+        )
         if not sim.ok:
             raise SystemExit(f"simulation: {sim.status} ({sim.log_path})")
         configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
@@ -89,12 +112,14 @@ def main() -> None:
         if not dep.ok:
             raise SystemExit(f"deployment: {dep.status} ({dep.log_path})")
         sim_t, dep_t = round_times(tmpd / "sim"), round_times(tmpd / "dep")
-        result = {
+        result: dict[str, Any] = {
             "workload": "fedre, 3 nodes, fashion-mnist data.fraction=0.05, dirichlet 0.1, "
-                        "4 rounds; deployment with TLS + node auth, subprocess isolation",
+            "4 rounds; deployment with TLS + node auth, subprocess isolation",
             "round-time-s": {"simulation": sim_t, "deployment": dep_t},
-            "median-excluding-round-1": {"simulation": statistics.median(sim_t[1:]),
-                                         "deployment": statistics.median(dep_t[1:])},
+            "median-excluding-round-1": {
+                "simulation": statistics.median(sim_t[1:]),
+                "deployment": statistics.median(dep_t[1:]),
+            },
             "per-process": startup_breakdown(cache),
         }
     med = result["median-excluding-round-1"]

@@ -31,7 +31,7 @@ TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 def server_time(num_clients: int, repeats: int = 3) -> dict:
     import numpy as np
     import torch
-    from flwr.app import ConfigRecord
+    from flwr.app import ArrayRecord, ConfigRecord
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
@@ -74,13 +74,13 @@ def server_time(num_clients: int, repeats: int = 3) -> dict:
         s.nodes = {n.node_id: n for n in nodes}
         s.global_arrays = s.init_global()
         t0 = time.perf_counter()
-        msgs = list(s.configure_train(1, None, ConfigRecord(), Grid()))
+        msgs = list(s.configure_train(1, ArrayRecord(), ConfigRecord(), Grid()))  # type: ignore[arg-type]
         t1 = time.perf_counter()
         replies = []
         for m in msgs:
             arrays = {
                 k: v.numpy() + rng.normal(0, 1e-3, v.shape).astype(np.float32)
-                for k, v in m.content["arrays"].items()
+                for k, v in m.content.array_records["arrays"].items()
             }
             replies.append(reply(m.metadata.dst_node_id, arrays, 100))
         t2 = time.perf_counter()

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from cli.launch import Scalar  # noqa: E402
 from client_app.base import derive_seed  # noqa: E402
 from common.config import parse_run_config  # noqa: E402
 from common.records import weighted_mean  # noqa: E402
@@ -77,7 +78,7 @@ def bare_loop(rounds: int, threads: int) -> list[float]:
 def simulation(rounds: int, out_dir: Path) -> list[float]:
     from cli.launch import run_simulation
 
-    overrides = {
+    overrides: dict[str, Scalar] = {
         "algorithm": "lgfedavg",
         "num-server-rounds": rounds,
         "data.alpha": 0.1,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.base import ClientHook, open_run, profile_record, run_config
@@ -34,7 +34,7 @@ def profile(msg: Message, context: Context) -> Message:
     """Tell the server who this node is (partition, architecture, data sizes)."""
     hook = HOOKS[run_config(context).algorithm]
     return Message(
-        RecordDict({"profile": ConfigRecord(profile_record(context, hook))}),
+        RecordDict({"profile": profile_record(context, hook)}),
         reply_to=msg,
     )
 
@@ -46,7 +46,7 @@ def _round(msg: Message) -> int:
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
     run = open_run(context, _round(msg), hook)
-    run.received = to_torch(msg.content["arrays"])
+    run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.train(run)
     upload = hook.upload(run)
@@ -65,7 +65,7 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
     run = open_run(context, _round(msg), hook)
-    run.received = to_torch(msg.content["arrays"])
+    run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.evaluate(run)
     metrics = MetricRecord(

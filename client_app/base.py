@@ -194,7 +194,7 @@ def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun
     run = ClientRun(cfg, node, data, model, context.state, server_round)
     hook.prepare(run)
     if MODEL_KEY in context.state.array_records:
-        run.model.load_state_dict(to_torch(context.state[MODEL_KEY]))
+        run.model.load_state_dict(to_torch(context.state.array_records[MODEL_KEY]))
     else:
         resume(run)
     run.model.to(device_of(cfg, node))
@@ -279,23 +279,25 @@ class ClientHook:
         return evaluate(run.model, run.data.x_test, run.data.y_test)
 
 
-def profile_record(context: Context, hook: ClientHook) -> dict[str, Scalar | list[int]]:
+def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
     """This node's self-description for the server's ``query.profile``."""
     run = open_run(context, 0, hook)
     counts = [int(c) for c in run.data.train_class_counts]
-    return {
-        **hook.profile(run),
-        "partition-id": run.node.partition_id,
-        "arch": run.node.arch,
-        "num-train": len(run.data.y_train),
-        "num-test": len(run.data.y_test),
-        "num-classes": run.data.num_classes,
-        "feature-dim": run.model.feature_dim,
-        "class-counts": counts,
-        "in-channels": run.data.in_channels,
-        "image-size": run.data.image_size,
-        "small-stem": int(run.cfg.model.small_input_stem),
-    }
+    return ConfigRecord(
+        {
+            **hook.profile(run),
+            "partition-id": run.node.partition_id,
+            "arch": run.node.arch,
+            "num-train": len(run.data.y_train),
+            "num-test": len(run.data.y_test),
+            "num-classes": run.data.num_classes,
+            "feature-dim": run.model.feature_dim,
+            "class-counts": counts,
+            "in-channels": run.data.in_channels,
+            "image-size": run.data.image_size,
+            "small-stem": int(run.cfg.model.small_input_stem),
+        }
+    )
 
 
 def head_arrays(run: ClientRun) -> dict[str, Tensor]:

@@ -47,6 +47,8 @@ def frobenius_sq(extractor: nn.Module) -> Tensor:
     """Σ_q ‖U_q V_qᵀ‖²_F = Σ_q tr((U_qᵀU_q)(V_qᵀV_q)), without forming U Vᵀ."""
     total = torch.zeros(())
     for module in extractor.modules():
+        u: Tensor
+        v: Tensor
         if isinstance(module, LowRankLinear):
             u, v = module.u, module.v
         elif isinstance(module, LowRankConv2d):

@@ -241,7 +241,7 @@ def _nest(flat: Mapping[str, Scalar]) -> dict[str, Any]:
     return nested
 
 
-def _describe(err: dict[str, Any], flat: Mapping[str, Scalar]) -> str:
+def _describe(err: Mapping[str, Any], flat: Mapping[str, Scalar]) -> str:
     """One line for one pydantic error: the dotted key, the value, what is allowed."""
     loc = [str(p) for p in err["loc"] if isinstance(p, str)]
     key = ".".join(loc)

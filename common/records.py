@@ -5,7 +5,7 @@ Arrays always travel by name (state-dict keys), never as positional lists.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -78,7 +78,7 @@ def invalid_reason(
     return None
 
 
-def weighted_mean(arrays: list[Arrays], weights: list[float]) -> Arrays:
+def weighted_mean(arrays: Sequence[Arrays], weights: Sequence[float]) -> Arrays:
     """Σ_k w_k / Σw · arrays_k, key by key, in float64 then cast back.
 
     Summation follows the order of ``arrays``; callers sort replies (by partition)

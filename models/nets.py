@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -192,6 +193,9 @@ def _new_conv(old: nn.Conv2d, in_channels: int, small_stem: bool) -> nn.Conv2d:
 
     With ``small_stem`` it is a 3x3 convolution with stride 1 and padding 1.
     """
+    kernel: Any
+    stride: Any
+    padding: Any
     if small_stem:
         kernel, stride, padding = (3, 3), (1, 1), (1, 1)
     else:
@@ -243,13 +247,13 @@ def _resnet(model: nn.Module, in_channels: int, small_stem: bool) -> nn.Module:
 
 
 def _mobilenet_v2(model: nn.Module, in_channels: int, small_stem: bool) -> nn.Module:
-    _adapt_stem(model.features[0], "0", in_channels, small_stem, _kaiming)
+    _adapt_stem(model.get_submodule("features.0"), "0", in_channels, small_stem, _kaiming)
     model.classifier = nn.Identity()
     return model
 
 
 def _shufflenet_v2(model: nn.Module, in_channels: int, small_stem: bool) -> nn.Module:
-    _adapt_stem(model.conv1, "0", in_channels, small_stem, _default_init)
+    _adapt_stem(model.get_submodule("conv1"), "0", in_channels, small_stem, _default_init)
     if small_stem:
         model.maxpool = nn.Identity()
     model.fc = nn.Identity()
@@ -257,7 +261,7 @@ def _shufflenet_v2(model: nn.Module, in_channels: int, small_stem: bool) -> nn.M
 
 
 def _googlenet(model: nn.Module, in_channels: int, small_stem: bool) -> nn.Module:
-    _adapt_stem(model.conv1, "conv", in_channels, small_stem, _trunc_normal)
+    _adapt_stem(model.get_submodule("conv1"), "conv", in_channels, small_stem, _trunc_normal)
     if small_stem:
         model.maxpool1 = nn.Identity()
     model.fc = nn.Identity()

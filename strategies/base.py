@@ -156,7 +156,7 @@ class HeteroStrategy(Strategy):
                     reply.error.reason,
                 )
                 continue
-            self.nodes[nid] = NodeInfo.from_metrics(nid, reply.content["profile"])
+            self.nodes[nid] = NodeInfo.from_metrics(nid, reply.content.config_records["profile"])
 
     def wait_and_discover(self, grid: Grid) -> list[int]:
         """Wait for ``min-available-nodes`` nodes, then discover them."""
@@ -278,7 +278,7 @@ class HeteroStrategy(Strategy):
         }
         return Upload(
             node=self.nodes[self.sender(reply)],
-            arrays=to_numpy(reply.content["arrays"]),
+            arrays=to_numpy(reply.content.array_records["arrays"]),
             num_examples=int(metrics["num-examples"]),
             metrics=metrics,
         )

@@ -18,9 +18,19 @@ runner = CliRunner()
 
 
 def test_partition_prints_counts_writes_heatmap_and_exports(tmp_path: Path) -> None:
-    args = ["partition", "-c", f"data.name='synthetic' data.cache-dir='{tmp_path / 'c'}'",
-            "-c", "data.alpha=0.5", "-n", "4", "--heatmap", str(tmp_path / "h.png"),
-            "--export", str(tmp_path / "split")]
+    args = [
+        "partition",
+        "-c",
+        f"data.name='synthetic' data.cache-dir='{tmp_path / 'c'}'",
+        "-c",
+        "data.alpha=0.5",
+        "-n",
+        "4",
+        "--heatmap",
+        str(tmp_path / "h.png"),
+        "--export",
+        str(tmp_path / "split"),
+    ]
     out = runner.invoke(app, args)
     assert out.exit_code == 0, out.output
     rows = [ln for ln in out.output.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s+\|", ln)]
@@ -38,12 +48,24 @@ def test_partition_rejects_a_bad_key_with_one_line(tmp_path: Path) -> None:
 
 
 def _results(path: Path, algo: str, seed: int, accs: list[float]) -> Path:
-    rounds = [{"round": i + 1, "accuracy": a, "bytes-up-per-client": 100.0,
-               "bytes-down-per-client": 200.0} for i, a in enumerate(accs)]
-    doc = {"config": {"algorithm": algo, "seed": seed, "out-dir": str(path)},
-           "rounds": rounds,
-           "summary": {"accuracy-last": accs[-1], "accuracy-best": max(accs),
-                       "wall-time-s": 10.0 + seed}}
+    rounds = [
+        {
+            "round": i + 1,
+            "accuracy": a,
+            "bytes-up-per-client": 100.0,
+            "bytes-down-per-client": 200.0,
+        }
+        for i, a in enumerate(accs)
+    ]
+    doc = {
+        "config": {"algorithm": algo, "seed": seed, "out-dir": str(path)},
+        "rounds": rounds,
+        "summary": {
+            "accuracy-last": accs[-1],
+            "accuracy-best": max(accs),
+            "wall-time-s": 10.0 + seed,
+        },
+    }
     path.mkdir(parents=True)
     (path / "results.json").write_text(json.dumps(doc))
     return path / "results.json"
@@ -62,8 +84,9 @@ def test_report_folds_seeds_into_mean_and_std(tmp_path: Path) -> None:
 
 
 def test_certs_and_keys(tmp_path: Path) -> None:
-    out = runner.invoke(app, ["certs", str(tmp_path / "c"), "--host", "superlink",
-                              "--host", "127.0.0.1"])
+    out = runner.invoke(
+        app, ["certs", str(tmp_path / "c"), "--host", "superlink", "--host", "127.0.0.1"]
+    )
     assert out.exit_code == 0, out.output
     cert = x509.load_pem_x509_certificate((tmp_path / "c" / "server.pem").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -25,11 +25,22 @@ def _common(tmp_path: Path) -> dict:
 
 
 def test_flwr_run_three_nodes_two_rounds(tmp_path: Path) -> None:
+    """The README's run command path: ``fedhet simulate`` -> ``flwr run``."""
     overrides = {**_common(tmp_path), "num-server-rounds": 2, "data.alpha": 0.5}
-    outcome = run_simulation(
-        ROOT, overrides, num_supernodes=3, flwr_home=tmp_path / "flwr", timeout=600
+    pairs = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
+    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(tmp_path / "flwr")}
+    out = subprocess.run(
+        ["fedhet", "simulate", "--num-supernodes", "3", "-c", pairs],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if "[fedhet] round" in ln]
+    assert len(lines) == 2 and "accuracy 0." in lines[0] and "up 19.6 KB" in lines[0]
+    assert "finished:completed" in out.stdout
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     assert res["config"]["algorithm"] == "lgfedavg"
@@ -57,8 +68,15 @@ def test_bad_config_fails_the_run_with_one_clear_line(tmp_path: Path) -> None:
 
 def test_cli_rejects_a_bad_key_before_starting_anything(tmp_path: Path) -> None:
     env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(tmp_path / "flwr")}
-    out = subprocess.run(["fedhet", "simulate", "-c", "data.alpha=-1.0"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["fedhet", "simulate", "-c", "data.alpha=-1.0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "fedhet: run-config key 'data.alpha' = -1.0 is invalid: Input should be greater than 0"]
+        "fedhet: run-config key 'data.alpha' = -1.0 is invalid: Input should be greater than 0"
+    ]
