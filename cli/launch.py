@@ -123,10 +123,8 @@ def wait_http(
     raise TimeoutError(f"{url} not up after {timeout:.0f} s")
 
 
-def write_connection(
-    flwr_home: Path, name: str, address: str, *, root_certificates: Path | None = None
-) -> None:
-    """Add (or replace) a SuperLink connection in ``$FLWR_HOME/config.toml``."""
+def remove_connection(flwr_home: Path, name: str) -> str:
+    """Drop connection ``name`` from ``$FLWR_HOME/config.toml``; return the new text."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
     text = (
@@ -135,6 +133,16 @@ def write_connection(
         else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
     )
     text = re.sub(rf"\n\[superlink\.{re.escape(name)}\]\n(?:[^\[].*\n?)*", "\n", text)
+    path.write_text(text)
+    return text
+
+
+def write_connection(
+    flwr_home: Path, name: str, address: str, *, root_certificates: Path | None = None
+) -> None:
+    """Add (or replace) a SuperLink connection in ``$FLWR_HOME/config.toml``."""
+    path = flwr_home / "config.toml"
+    text = remove_connection(flwr_home, name)
     block = f'\n[superlink.{name}]\naddress = "{address}"\n'
     block += (
         f'root-certificates = "{root_certificates}"\n' if root_certificates else "insecure = true\n"
@@ -237,6 +245,7 @@ def simulation_superlink(
     port = free_port()
     conn = f"fedhet-sim-{port}"
     with sigterm_as_exit(), contextlib.ExitStack() as stack:
+        stack.callback(remove_connection, flwr_home, conn)
         stack.callback(procs.stop_all)
         sl = procs.start(
             "superlink",

@@ -109,3 +109,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in readme and "bash scripts/test.sh" in ci
+
+
+def test_connections_are_added_replaced_and_removed(tmp_path: Path) -> None:
+    import tomllib
+
+    from cli.launch import remove_connection, write_connection
+
+    write_connection(tmp_path, "a", "127.0.0.1:1")
+    write_connection(tmp_path, "b", "127.0.0.1:2", root_certificates=tmp_path / "ca.crt")
+    write_connection(tmp_path, "a", "127.0.0.1:3")
+    doc = tomllib.loads((tmp_path / "config.toml").read_text())["superlink"]
+    assert doc["a"] == {"address": "127.0.0.1:3", "insecure": True}
+    assert doc["b"]["root-certificates"] == str(tmp_path / "ca.crt")
+    assert doc["default"] == "local" and doc["local"]["address"] == ":local:"
+    remove_connection(tmp_path, "a")
+    doc = tomllib.loads((tmp_path / "config.toml").read_text())["superlink"]
+    assert "a" not in doc and "b" in doc
