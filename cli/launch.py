@@ -132,7 +132,13 @@ def remove_connection(flwr_home: Path, name: str) -> str:
         if path.exists()
         else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
     )
-    text = re.sub(rf"\n\[superlink\.{re.escape(name)}\]\n(?:[^\[].*\n?)*", "\n", text)
+    kept, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("["):
+            skipping = line.strip() == f"[superlink.{name}]"
+        if not skipping:
+            kept.append(line)
+    text = "\n".join(kept).rstrip("\n") + "\n"
     path.write_text(text)
     return text
 
