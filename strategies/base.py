@@ -166,6 +166,29 @@ class HeteroStrategy(Strategy):
             raise RuntimeError("no node answered the profile query")
         return sorted(self.nodes, key=lambda n: self.nodes[n].partition_id)
 
+    def shared_model(self, purpose: str):  # type: ignore[no-untyped-def]
+        """The one architecture every node runs, built (seeded) from node metadata.
+
+        For algorithms that exchange (parts of) the extractor; a federation with
+        several architectures is refused with an error naming them.
+        """
+        from models import build_model
+
+        archs = sorted({n.arch for n in self.nodes.values()})
+        if len(archs) != 1:
+            raise ValueError(f"{purpose} needs one architecture on every node; found {archs}")
+        node = next(iter(self.nodes.values()))
+        meta = node.extras
+        return build_model(
+            archs[0],
+            in_channels=int(meta["in-channels"]),
+            num_classes=node.num_classes,
+            image_size=int(meta["image-size"]),
+            feature_dim=node.feature_dim,
+            small_stem=bool(meta.get("small-stem", 1)),
+            seed=self.cfg.seed,
+        )
+
     def initial_arrays(self, grid: Grid) -> ArrayRecord:
         """Discover the nodes and build the initial global state."""
         self.wait_and_discover(grid)

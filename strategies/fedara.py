@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -51,22 +49,7 @@ class FedARA(HeteroStrategy):
         return float(node.extras["rank-ratio"]), tuple(name for name in layers if name)
 
     def init_global(self) -> Arrays:
-        from models import build_model
-
-        archs = sorted({n.arch for n in self.nodes.values()})
-        if len(archs) != 1:
-            raise ValueError(f"fedara needs one base architecture on every node; found {archs}")
-        node = next(iter(self.nodes.values()))
-        meta: dict[str, Any] = node.extras
-        model = build_model(
-            archs[0],
-            in_channels=int(meta["in-channels"]),
-            num_classes=node.num_classes,
-            image_size=int(meta["image-size"]),
-            feature_dim=node.feature_dim,
-            small_stem=bool(meta.get("small-stem", 1)),
-            seed=self.cfg.seed,
-        )
+        model = self.shared_model("fedara (one base architecture, see fedara.base-arch)")
         self.layer_shapes = factorisable_layers(model.extractor)
         return {
             EXTRACTOR + k: v.detach().numpy().copy()

@@ -18,24 +18,8 @@ class FedAvg(HeteroStrategy):
     name = "fedavg"
 
     def init_global(self) -> Arrays:
-        from models import build_model
-
-        archs = sorted({n.arch for n in self.nodes.values()})
-        if len(archs) != 1:
-            raise ValueError(
-                "algorithm 'fedavg' needs one architecture on every node (a homogeneous "
-                f"model.family such as 'fedavgcnn'); found {archs}"
-            )
-        node = next(iter(self.nodes.values()))
-        meta = node.extras
-        model = build_model(
-            archs[0],
-            in_channels=int(meta["in-channels"]),
-            num_classes=node.num_classes,
-            image_size=int(meta["image-size"]),
-            feature_dim=node.feature_dim,
-            small_stem=bool(meta.get("small-stem", 1)),
-            seed=self.cfg.seed,
+        model = self.shared_model(
+            "algorithm 'fedavg' (a homogeneous model.family such as 'fedavgcnn')"
         )
         return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 

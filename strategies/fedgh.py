@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from common.records import Arrays
-from models.entangle import train_head
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 from strategies.fedproto import PROTO, expected_prototypes
-from strategies.lgfedavg import initial_head
+from strategies.heads import initial_head, server_step
 
 
 class FedGH(HeteroStrategy):
@@ -38,18 +36,8 @@ class FedGH(HeteroStrategy):
                 reps.append(value)
                 labels.append(int(key.removeprefix(PROTO)))
         num_classes = self.global_arrays["head.bias"].shape[0]
-        x = torch.from_numpy(np.stack(reps))
-        y = torch.nn.functional.one_hot(torch.tensor(labels), num_classes).float()
-        gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + server_round)
-        g = self.cfg.fedgh
-        w, b, _, _ = train_head(
-            torch.from_numpy(self.global_arrays["head.weight"]),
-            torch.from_numpy(self.global_arrays["head.bias"]),
-            x,
-            y,
-            lr=g.server_lr,
-            epochs=g.server_epochs,
-            batch_size=g.server_batch_size,
-            generator=gen,
+        onehot = np.eye(num_classes, dtype=np.float32)[labels]
+        head, _, _ = server_step(
+            self.global_arrays, np.stack(reps), onehot, self.cfg.fedgh, self.cfg.seed, server_round
         )
-        return {"head.weight": w.numpy(), "head.bias": b.numpy()}
+        return head

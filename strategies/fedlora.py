@@ -7,7 +7,7 @@ import torch
 from common.records import Arrays, weighted_mean
 from models.adapter import ADAPTERS, LoRA, module_key
 from strategies.base import HeteroStrategy, Upload
-from strategies.lgfedavg import common_head_shape
+from strategies.heads import common_head_shape
 
 
 class FedLoRA(HeteroStrategy):

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from common.records import Arrays, invalid_reason
-from models.entangle import train_head
 from strategies.base import HeteroStrategy, NodeInfo, Upload
-from strategies.lgfedavg import initial_head
+from strategies.heads import initial_head, server_step
 
 
 class FedRE(HeteroStrategy):
@@ -49,19 +47,10 @@ class FedRE(HeteroStrategy):
         return reason
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        x = torch.from_numpy(np.stack([u.arrays["rep"] for u in uploads]))
-        y = torch.from_numpy(np.stack([u.arrays["soft-label"] for u in uploads]))
-        gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + server_round)
-        f = self.cfg.fedre
-        w, b, before, after = train_head(
-            torch.from_numpy(self.global_arrays["head.weight"]),
-            torch.from_numpy(self.global_arrays["head.bias"]),
-            x,
-            y,
-            lr=f.server_lr,
-            epochs=f.server_epochs,
-            batch_size=f.server_batch_size,
-            generator=gen,
+        x = np.stack([u.arrays["rep"] for u in uploads])
+        y = np.stack([u.arrays["soft-label"] for u in uploads])
+        head, before, after = server_step(
+            self.global_arrays, x, y, self.cfg.fedre, self.cfg.seed, server_round
         )
         self.server_loss[server_round] = (before, after)
-        return {"head.weight": w.numpy(), "head.bias": b.numpy()}
+        return head

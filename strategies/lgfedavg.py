@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import torch
-
 from common.records import Arrays, weighted_mean
-from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.base import HeteroStrategy, Upload
+from strategies.heads import initial_head
 
 
 class LGFedAvg(HeteroStrategy):
@@ -28,27 +25,3 @@ class LGFedAvg(HeteroStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
-
-
-def initial_head(nodes: Iterable[NodeInfo], seed: int) -> Arrays:
-    """A seeded ``Linear(d, C)`` initialisation shared by every head-sharing method."""
-    d, c = common_head_shape(nodes)
-    head = torch.nn.Linear(d, c)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head.reset_parameters()
-    return {
-        "head.weight": head.weight.detach().numpy().copy(),
-        "head.bias": head.bias.detach().numpy().copy(),
-    }
-
-
-def common_head_shape(nodes: Iterable[NodeInfo]) -> tuple[int, int]:
-    """The ``(d, C)`` every node agrees on; a clear error when they disagree."""
-    dims = {(n.feature_dim, n.num_classes) for n in nodes}
-    if len(dims) != 1:
-        raise ValueError(
-            f"nodes disagree on (feature-dim, num-classes): {sorted(dims)}; a shared "
-            "head needs one model.feature-dim and one label set"
-        )
-    return dims.pop()
