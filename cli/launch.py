@@ -65,6 +65,44 @@ def flower_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_tree(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to every process group in ``pids`` and to every pid."""
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            groups.add(os.getpgid(pid))
+    for group in groups - {os.getpgrp()}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 class Processes:
     """Processes started in their own groups; :meth:`stop_all` kills every group."""
 
@@ -87,15 +125,20 @@ class Processes:
         return proc
 
     def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+        """Signal the process and everything it started, then SIGKILL what is left.
+
+        Flower's SuperLink and SuperNode start their SuperExec (and through it the
+        simulation, Ray and ClientApps) in a process group of its own, so the tree
+        is collected first and every group in it is signalled.
+        """
         proc = self.procs.pop(name, None)
         if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+        tree = [proc.pid, *descendants(proc.pid)]
+        signal_tree(tree, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_tree(tree + [p for pid in tree for p in descendants(pid)], signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
 
