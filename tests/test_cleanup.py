@@ -55,7 +55,7 @@ def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
         if "[fedhet] round 2/" in line or time.monotonic() > deadline:
             break
     tree |= set(descendants(proc.pid))
-    assert any("ray" in open(f"/proc/{p}/cmdline").read() for p in tree if alive(p)), (
+    assert any("ray" in Path(f"/proc/{p}/cmdline").read_text() for p in tree if alive(p)), (
         "the simulation (with Ray) should be running"
     )
     proc.send_signal(signal.SIGTERM)
