@@ -68,13 +68,14 @@ def timed(code: str, repeats: int = 5) -> float:
 
 def startup_breakdown(cache: Path) -> dict:
     load = (
-        "from common.config import parse_run_config; from data import load_client_data;"
+        "import torch; from common.config import parse_run_config;"
+        "from data import load_client_data;"
         "c=parse_run_config({'data.fraction':0.05,'data.alpha':0.1,"
         f"'data.cache-dir':'{cache}'}}).data;"
         "t0=time.perf_counter(); load_client_data(c,0,3,0); t=t0"
     )
     build = (
-        "from models import build_model; t0=time.perf_counter();"
+        "import torch; from models import build_model; t0=time.perf_counter();"
         "build_model('cnn-1',in_channels=1,num_classes=10,image_size=28,feature_dim=500,"
         "seed=0); t=t0"
     )

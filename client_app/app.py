@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.base import ClientHook, open_run, profile_record, run_config
+from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.fedara import FedARAHook
 from client_app.fedlora import FedLoRAHook
 from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
@@ -67,7 +67,7 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
     run = open_run(context, _round(msg), hook)
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
-    stats = hook.evaluate(run)
+    stats = hook.evaluate(run, run.data.x_test, run.data.y_test)
     metrics = MetricRecord(
         {
             "num-examples": stats.num_examples,
@@ -76,6 +76,11 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
             "accuracy": stats.accuracy,
         }
     )
+    official = global_test(run)
+    if official is not None:
+        g = hook.evaluate(run, *official)
+        metrics["global-correct"] = g.correct
+        metrics["global-num-examples"] = g.num_examples
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 

@@ -24,9 +24,9 @@ from torch import Tensor
 from client_app import profiles
 from client_app import state as personal_state
 from client_app.profiles import Profile
-from common.config import ConfigError, RunConfig, Scalar, parse_run_config
+from common.config import ConfigError, DataConfig, RunConfig, Scalar, parse_run_config
 from common.records import to_record, to_torch
-from data import ClientData, load_client_data, load_local_data
+from data import ClientData, load_client_data, load_global_test, load_local_data
 from models import HetNet, arch_for_partition, build_model, natural_dim
 from models.train import EvalStats, ExtraLoss, SGDSettings, TrainStats, evaluate, train
 
@@ -274,9 +274,22 @@ class ClientHook:
         """What goes back to the server after training (default: nothing)."""
         return {}
 
-    def evaluate(self, run: ClientRun) -> EvalStats:
-        """Personalized evaluation on the local test split."""
-        return evaluate(run.model, run.data.x_test, run.data.y_test)
+    def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
+        """Personalized evaluation on ``(x, y)`` (the local test split, or the
+        official test set under ``data.protocol = official``)."""
+        return evaluate(run.model, x, y)
+
+
+@functools.lru_cache(maxsize=2)
+def _global_test(data: DataConfig, num_partitions: int, seed: int) -> tuple[Tensor, Tensor] | None:
+    return load_global_test(data, num_partitions, seed)
+
+
+def global_test(run: ClientRun) -> tuple[Tensor, Tensor] | None:
+    """The official test set (``data.protocol = official``, partitioned data only)."""
+    if run.cfg.data.protocol != "official" or run.node.options.get("data-name"):
+        return None
+    return _global_test(run.cfg.data, run.node.num_partitions, run.cfg.seed)
 
 
 def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:

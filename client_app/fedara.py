@@ -72,7 +72,20 @@ class FedARAHook(ClientHook):
         ratio, layers = rank_ratio(run), layer_set(run, run.model.extractor)
         run.notes["tier"] = (ratio, layers)
         if ratio < 1:
-            run.model.extractor = factorise(run.model.extractor, layers, ratio)
+            # structure only: the extractor is always replaced by the server's factors
+            run.model.extractor = factorise(run.model.extractor, layers, ratio, svd=False)
+
+    def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
+        """The whole extractor at this node's tier, nothing else (the factorised
+        layers were built without weights in :meth:`prepare`)."""
+        want = {k for k in run.model.state_dict() if k.startswith(EXTRACTOR)}
+        if set(arrays) != want:
+            raise ValueError(
+                f"fedara: the server must send the whole extractor at this node's tier; "
+                f"missing {sorted(want - set(arrays))[:3]}, unexpected "
+                f"{sorted(set(arrays) - want)[:3]}"
+            )
+        super().install(run, arrays)
 
     def profile(self, run: ClientRun) -> dict[str, Scalar]:
         ratio, layers = run.notes["tier"]

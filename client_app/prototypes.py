@@ -70,18 +70,18 @@ class FedProtoHook(ClientHook):
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         return proto_arrays(*prototypes(run))
 
-    def evaluate(self, run: ClientRun) -> EvalStats:
+    def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
         if run.cfg.fedproto.infer == "head":
-            return super().evaluate(run)
+            return super().evaluate(run, x, y)
         table, known = received_prototypes(run)
         if not bool(known.any()):  # nothing global yet: fall back to the head
-            return super().evaluate(run)
+            return super().evaluate(run, x, y)
 
         def nearest(x: Tensor) -> Tensor:
             dist = torch.cdist(run.model.features(x), table.to(x.device))
             return (-dist).masked_fill(~known.to(x.device), float("-inf"))
 
-        return evaluate(run.model, run.data.x_test, run.data.y_test, predict=nearest)
+        return evaluate(run.model, x, y, predict=nearest)
 
 
 class FedGHHook(ClientHook):

@@ -145,11 +145,13 @@ class LowRankLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int) -> LowRankLinear:
-        """Factorise ``linear`` at ``rank`` by :func:`decompose`."""
+    def from_linear(cls, linear: nn.Linear, rank: int, svd: bool = True) -> LowRankLinear:
+        """Factorise ``linear`` at ``rank`` by :func:`decompose` (``svd=False``: only
+        the shapes, factors freshly initialised)."""
         w = linear.weight
         new = cls(w.shape[1], w.shape[0], rank, linear.bias is not None)
-        new.load_factors(*decompose(w.detach().cpu(), rank))
+        if svd:
+            new.load_factors(*decompose(w.detach().cpu(), rank))
         if new.bias is not None:
             new.bias.data.copy_(linear.bias.detach())  # type: ignore[union-attr]
         return new.to(device=w.device, dtype=w.dtype)
@@ -211,8 +213,9 @@ class LowRankConv2d(nn.Module):
         self.kernel_size, self.rank = k, rank
 
     @classmethod
-    def from_conv(cls, conv: nn.Conv2d, rank: int) -> LowRankConv2d:
-        """Factorise ``conv`` (groups 1, square kernel) at ``rank``."""
+    def from_conv(cls, conv: nn.Conv2d, rank: int, svd: bool = True) -> LowRankConv2d:
+        """Factorise ``conv`` (groups 1, square kernel) at ``rank`` (``svd=False``:
+        only the shapes, factors freshly initialised)."""
         if conv.groups != 1 or conv.kernel_size[0] != conv.kernel_size[1]:
             raise ValueError(f"{conv} is not factorisable (groups or kernel)")
         w = conv.weight
@@ -221,7 +224,8 @@ class LowRankConv2d(nn.Module):
             conv.stride, conv.padding, conv.dilation,  # type: ignore[arg-type]
             conv.bias is not None, conv.padding_mode,
         )  # fmt: skip
-        new.load_factors(*decompose(w.detach().cpu(), rank))
+        if svd:
+            new.load_factors(*decompose(w.detach().cpu(), rank))
         if conv.bias is not None:
             new.u_conv.bias.data.copy_(conv.bias.detach())  # type: ignore[union-attr]
         return new.to(device=w.device, dtype=w.dtype)
@@ -352,11 +356,15 @@ def default_layers(extractor: nn.Module, count: int = 2) -> list[str]:
     return sorted(ranked[:count], key=order.__getitem__)
 
 
-def factorise(extractor: nn.Module, layers: Sequence[str], ratio: float) -> nn.Module:
+def factorise(
+    extractor: nn.Module, layers: Sequence[str], ratio: float, svd: bool = True
+) -> nn.Module:
     """A deep copy of ``extractor`` with ``layers`` factorised at ``ratio``.
 
     Each layer gets rank :func:`layer_rank` and factors from :func:`decompose`
-    of its current weight; ``ratio == 1`` returns an unmodified copy.
+    of its current weight; ``ratio == 1`` returns an unmodified copy. With
+    ``svd=False`` only the structure is built (for a model whose weights are
+    loaded right after, as a FedARA client does with the server's factors).
     """
     _check_ratio(ratio)
     out = copy.deepcopy(extractor)
@@ -369,9 +377,9 @@ def factorise(extractor: nn.Module, layers: Sequence[str], ratio: float) -> nn.M
         assert isinstance(old, (nn.Linear, nn.Conv2d))
         rank = layer_rank(tuple(old.weight.shape), ratio)
         if isinstance(old, nn.Linear):
-            new: nn.Module = LowRankLinear.from_linear(old, rank)
+            new: nn.Module = LowRankLinear.from_linear(old, rank, svd)
         else:
-            new = LowRankConv2d.from_conv(old, rank)
+            new = LowRankConv2d.from_conv(old, rank, svd)
         parent, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent), child, new)
     return out

@@ -142,6 +142,7 @@ class Recorded(Strategy):
             "accuracy-mean": ev.get("accuracy-mean"),
             "accuracy-std": ev.get("accuracy-std"),
             "loss": ev.get("loss"),
+            "accuracy-global": ev.get("accuracy-global"),
             "bytes-up": cur["bytes-up"],
             "bytes-down": cur["bytes-down"],
             "bytes-up-per-client": cur["bytes-up"] / max(cur["train-replies"], 1),

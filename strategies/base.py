@@ -8,12 +8,13 @@ the node instead of failing the round.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -54,6 +55,35 @@ class NodeInfo:
             class_counts=tuple(int(c) for c in cfg["class-counts"]),  # type: ignore[union-attr]
             extras={k: v for k, v in cfg.items() if k not in known},  # type: ignore[misc]
         )
+
+
+class EvalRow(NamedTuple):
+    """One usable evaluation reply."""
+
+    node_id: int
+    n: int
+    correct: int
+    loss: float
+    global_n: int = 0
+    global_correct: int = 0
+
+
+def _eval_row(reply: Message) -> tuple[EvalRow | None, str]:
+    """Parse and check an evaluation reply: (row, "") or (None, why not)."""
+    if reply.has_error():
+        return None, f"error reply: {reply.error.reason}"
+    if "metrics" not in reply.content.metric_records:
+        return None, "no metrics"
+    m = reply.content.metric_records["metrics"]
+    try:
+        n, correct, loss = int(m["num-examples"]), int(m["correct"]), float(m["loss-sum"])  # type: ignore[arg-type]
+        g_n = int(m.get("global-num-examples", 0))  # type: ignore[arg-type]
+        g_c = int(m.get("global-correct", 0))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"malformed metrics ({exc})"
+    if n <= 0 or not 0 <= correct <= n or not math.isfinite(loss) or not 0 <= g_c <= max(g_n, 0):
+        return None, f"inconsistent metrics (n={n}, correct={correct}, loss={loss})"
+    return EvalRow(0, n, correct, loss, g_n, g_c), ""
 
 
 @dataclass(frozen=True)
@@ -370,41 +400,47 @@ class HeteroStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Personalized accuracy: Σcorrect/Σsamples, plus mean and std over clients."""
-        rows = []
+        """Personalized accuracy: Σcorrect/Σsamples, plus mean and std over clients.
+
+        Under ``data.protocol = official`` also ``accuracy-global``: the clients'
+        personalized models on the official test set (Σcorrect/Σsamples)."""
+        rows: list[EvalRow] = []
         for reply in replies:
             nid = self.sender(reply)
-            if reply.has_error() or "metrics" not in reply.content.metric_records:
-                reason = reply.error.reason if reply.has_error() else "no metrics"
+            row, reason = _eval_row(reply)
+            if row is None:
                 log(
                     WARNING,
-                    "round %d: evaluation of node %d failed: %s",
+                    "round %d: evaluation of node %d dropped: %s",
                     server_round,
                     nid,
                     reason,
                 )
                 continue
-            m = reply.content["metrics"]
-            n, c = int(m["num-examples"]), int(m["correct"])  # type: ignore[arg-type]
-            rows.append((nid, n, c, float(m["loss-sum"])))  # type: ignore[arg-type]
+            rows.append(row._replace(node_id=nid))
         if not rows:
             return None
         self.last_eval = {
-            self.nodes[nid].partition_id: {"accuracy": c / n, "num-examples": n}
-            for nid, n, c, _ in rows
-            if nid in self.nodes
+            self.nodes[r.node_id].partition_id: {"accuracy": r.correct / r.n, "num-examples": r.n}
+            for r in rows
+            if r.node_id in self.nodes
         }
-        accs = [c / n for _, n, c, _ in rows]
-        total = sum(n for _, n, _, _ in rows)
-        return MetricRecord(
+        accs = [r.correct / r.n for r in rows]
+        total = sum(r.n for r in rows)
+        out = MetricRecord(
             {
-                "accuracy": sum(c for _, _, c, _ in rows) / total,
+                "accuracy": sum(r.correct for r in rows) / total,
                 "accuracy-mean": statistics.fmean(accs),
                 "accuracy-std": statistics.pstdev(accs),
-                "loss": sum(loss for *_, loss in rows) / total,
+                "loss": sum(r.loss for r in rows) / total,
                 "eval-clients": len(rows),
             }
         )
+        if all(r.global_n > 0 for r in rows):
+            out["accuracy-global"] = sum(r.global_correct for r in rows) / sum(
+                r.global_n for r in rows
+            )
+        return out
 
     def summary(self) -> None:
         """Log the strategy's settings."""
