@@ -46,6 +46,7 @@ __all__ = [
     "param_count",
     "reconstruct",
     "reconstruct_state",
+    "thin_svd",
     "torch_threads",
     "weighted_reconstruction",
 ]
@@ -269,7 +270,17 @@ def _as_matrix(weight: Tensor) -> Tensor:
     return weight if weight.dim() == 2 else conv_to_matrix(weight)
 
 
-def decompose(weight: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+Svd = tuple[Tensor, Tensor, Tensor]
+"""A thin SVD ``(P, S, Qᵀ)`` of a weight's matrix, float64."""
+
+
+def thin_svd(weight: Tensor) -> Svd:
+    """``torch.linalg.svd`` of the (reshaped) weight in float64, thin."""
+    p, s, qt = torch.linalg.svd(_as_matrix(weight.detach()).to(torch.float64), full_matrices=False)
+    return p, s, qt
+
+
+def decompose(weight: Tensor, rank: int, svd: Svd | None = None) -> tuple[Tensor, Tensor]:
     """Balanced truncated SVD ``U = P_r S_r^1/2``, ``V = Q_r S_r^1/2`` (float32).
 
     Parameters
@@ -278,6 +289,9 @@ def decompose(weight: Tensor, rank: int) -> tuple[Tensor, Tensor]:
         Linear ``[m, n]`` or conv ``(c_out, c_in, k, k)`` weight.
     rank : int
         Target rank, ``1 <= rank <= min(rows, cols)``.
+    svd : optional
+        :func:`thin_svd` of ``weight``, when already computed: every rank is a
+        truncation of the same SVD, so one SVD per weight serves every tier.
 
     Returns
     -------
@@ -287,7 +301,7 @@ def decompose(weight: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     rows, cols = _matrix_dims(weight.shape)
     if not 1 <= rank <= min(rows, cols):
         raise ValueError(f"rank {rank} outside [1, {min(rows, cols)}]")
-    p, s, qt = torch.linalg.svd(_as_matrix(weight.detach()).to(torch.float64), full_matrices=False)
+    p, s, qt = svd if svd is not None else thin_svd(weight)
     root = s[:rank].sqrt()
     u = p[:, :rank] * root
     v = qt[:rank].T * root
@@ -471,12 +485,16 @@ def reconstruct_state(
 
 
 def decompose_state(
-    state: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]], ratio: float
+    state: Mapping[str, Tensor],
+    layers: Mapping[str, tuple[int, ...]],
+    ratio: float,
+    svds: Mapping[str, Svd] | None = None,
 ) -> dict[str, Tensor]:
     """Full-rank extractor state -> the state of ``factorise(.., ratio)``.
 
     Keys, order and shapes equal ``factorise(extractor, list(layers), ratio)
     .state_dict()``; ``ratio == 1`` returns a shallow copy of ``state``.
+    ``svds`` (layer -> :func:`thin_svd` of its weight) avoids recomputing SVDs.
     """
     _check_ratio(ratio)
     if ratio == 1.0:
@@ -486,7 +504,7 @@ def decompose_state(
         weight = state[f"{layer}.weight"]
         if tuple(weight.shape) != tuple(shape):
             raise ValueError(f"{layer}.weight is {tuple(weight.shape)}, not {shape}")
-        u, v = decompose(weight, layer_rank(shape, ratio))
+        u, v = decompose(weight, layer_rank(shape, ratio), (svds or {}).get(layer))
         entries = factors_to_state(u.to(weight.dtype), v.to(weight.dtype), layer, shape)
         lowrank_bias, bias = _bias_keys(layer, shape)
         if bias in state:

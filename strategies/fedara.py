@@ -7,8 +7,10 @@ import torch
 
 from common.records import Arrays, shapes
 from models.lowrank import (
+    Svd,
     decompose_state,
     factorisable_layers,
+    thin_svd,
     torch_threads,
     weighted_reconstruction,
 )
@@ -38,6 +40,9 @@ class FedARA(HeteroStrategy):
     def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
         super().__init__(cfg)
         self._served: dict[Tier, Arrays] = {}
+        self._svds: dict[str, Svd] = {}
+        self.svd_calls: dict[int, int] = {}
+        """Version -> SVDs computed (one per decomposed layer, shared by all tiers)."""
         self.version = 0
         """Global extractor version: 0 initially, +1 per aggregation."""
         self.decompositions: dict[int, int] = {}
@@ -69,8 +74,13 @@ class FedARA(HeteroStrategy):
                 self._served[tier] = self.global_arrays
             else:
                 wanted = {name: self.layer_shapes[name] for name in layers}
+                extractor = self._extractor()
                 with torch_threads(1):
-                    state = decompose_state(self._extractor(), wanted, ratio)
+                    for name in wanted:
+                        if name not in self._svds:
+                            self._svds[name] = thin_svd(extractor[f"{name}.weight"])
+                            self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
+                    state = decompose_state(extractor, wanted, ratio, self._svds)
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
         return self._served[tier]
@@ -87,7 +97,7 @@ class FedARA(HeteroStrategy):
             for u in uploads
         ]
         mean = weighted_reconstruction(states, [u.num_examples for u in uploads], self.layer_shapes)
-        self._served = {}  # the global state changes: decompose again on demand
+        self._served, self._svds = {}, {}  # new global state: decompose again on demand
         self.version += 1
         return {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)

@@ -59,6 +59,7 @@ def test_one_decomposition_per_distinct_tier(monkeypatch: pytest.MonkeyPatch) ->
     assert len(msgs) == 20
     assert sorted(calls) == [0.0625, 0.125, 0.25, 0.5]
     assert s.decompositions == {0: 4}
+    assert s.svd_calls == {0: 2}  # one SVD per decomposed layer, truncated per tier
     # nodes of one tier receive the very same arrays
     by_tier: dict[float, list] = {}
     for m in msgs:
@@ -233,3 +234,15 @@ def test_fedara_star_homogeneous_half_rank(tmp_path: Path) -> None:
     ups = {v for row in res["rounds"] for v in row["client-bytes-up"].values()}
     assert len(ups) == 1  # one tier
     assert all(r["valid-replies"] == 3 for r in res["rounds"])
+
+
+def test_shared_svd_gives_the_same_factors_as_a_fresh_decomposition() -> None:
+    from models.lowrank import decompose
+
+    s = fedara([0.5, 0.125])
+    for nid, ratio in ((100, 0.5), (101, 0.125)):
+        payload = s.payload(1, s.nodes[nid])
+        weight = torch.from_numpy(s.global_arrays["extractor.fc1.weight"])
+        u, v = decompose(weight, layer_rank(tuple(weight.shape), ratio))
+        np.testing.assert_allclose(payload["extractor.fc1.u"], u.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(payload["extractor.fc1.v"], v.numpy(), rtol=1e-5, atol=1e-6)
