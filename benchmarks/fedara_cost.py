@@ -7,7 +7,7 @@
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
    (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread)
-   and the peak RSS of a fresh process doing that round.
+   and the peak RSS (VmHWM) of a fresh process doing that round.
 
     python benchmarks/fedara_cost.py --out benchmarks/out/fedara-cost.json
 """
@@ -100,7 +100,18 @@ def server_time(num_clients: int, repeats: int = 3) -> dict:
 
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
+
+
+def peak_mb():
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
 sys.path.insert(0, sys.argv[1])
 from flwr.supercore.task_identity import TaskIdentity
 TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
@@ -110,9 +121,9 @@ from common.config import flatten, parse_run_config
 from common.records import payload_bytes, to_record
 from strategies.base import NodeInfo
 from strategies.fedara import FedARA
-ratio = sys.argv[2]
+ratio, mu = sys.argv[2], float(sys.argv[3])
 run_config = flatten(parse_run_config({"algorithm": "fedara", "fedara.rank-tiers": ratio,
-                                       "data.alpha": 0.1}))
+                                       "data.alpha": 0.1, "fedara.frobenius-decay": mu}))
 ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 20},
               state=RecordDict(), run_config=run_config)
 info = app(Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
@@ -129,7 +140,7 @@ round_s = time.perf_counter() - t
 print(json.dumps({"params": int(sum(v.size for v in payload.values())),
                   "bytes-up-measured": payload_bytes(out.content["arrays"]),
                   "epoch-s": out.content["metrics"]["train-time-s"], "round-s": round_s,
-                  "peak-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak-rss-mb": peak_mb()}))
 """
 
 
@@ -147,18 +158,25 @@ def analytic_params(ratio: float) -> int:
     return total
 
 
+def child(ratio: float, mu: float) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), str(ratio), str(mu)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def per_tier() -> list[dict]:
+    """Per tier; the epoch is timed with the default Frobenius decay (1e-3) and
+    without it, since that term costs O((m + n) r²) per step."""
     rows = []
     for ratio in TIERS:
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(ROOT), str(ratio)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if out.returncode != 0:
-            raise SystemExit(out.stderr[-3000:])
-        m = json.loads(out.stdout.strip().splitlines()[-1])
+        m = child(ratio, 1e-3)
+        m["epoch-s-without-frobenius"] = child(ratio, 0.0)["epoch-s"]
         m.update(
             {
                 "rank-ratio": ratio,

@@ -2,7 +2,7 @@
 
 Each measurement is a fresh Python process that does what a SuperNode's ClientApp
 process does for one ``train.<algorithm>`` message (imports, data share, model,
-training, upload) and reports its peak RSS (``ru_maxrss``). Fashion-MNIST, Dirichlet
+training, upload) and reports its peak RSS (``VmHWM``). Fashion-MNIST, Dirichlet
 0.1 over 20 partitions, partition 0 (2,625 training samples).
 
     python benchmarks/profiles.py --out benchmarks/out/profiles.json
@@ -19,7 +19,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
+
+
+def peak_mb():
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
 t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 from flwr.supercore.task_identity import TaskIdentity
@@ -40,7 +51,7 @@ ctx = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
 ask = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
               message_type="query.profile")
 info = app(ask, ctx).content["profile"]
-rss_ready = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss_ready = peak_mb()
 from strategies import STRATEGIES
 from strategies.base import NodeInfo
 strategy = STRATEGIES[algorithm](parse_run_config({"algorithm": algorithm}))
@@ -58,8 +69,8 @@ print(json.dumps({
     "arch": info["arch"], "rank-ratio": info.get("rank-ratio"),
     "import-s": t_import, "round-s": t_round,
     "train-s": reply.content["metrics"]["train-time-s"],
-    "peak-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "rss-before-training-mb": rss_ready / 1024,
+    "peak-rss-mb": peak_mb(),
+    "rss-before-training-mb": rss_ready,
 }))
 """
 
