@@ -146,3 +146,11 @@ def test_poisoned_client_does_not_change_the_global_head(tmp_path: Path) -> None
     assert {n for _, n, _ in strategy.rejected} == {bad}
     assert all(np.isfinite(v).all() for v in strategy.global_arrays.values())
     assert [r["valid-replies"] for r in recorder.rounds] == [2, 2]
+
+
+def test_official_protocol_reports_accuracy_on_the_official_test_set(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="lgfedavg", **{"data.protocol": "official"})
+    for row in res["rounds"]:
+        assert 0.0 < row["accuracy-global"] <= 1.0
+    merged, _ = run_inprocess(tmp_path / "m", algorithm="lgfedavg")
+    assert all(r["accuracy-global"] is None for r in merged["rounds"])

@@ -158,3 +158,31 @@ def test_superlink_error_for_a_dead_node_is_attributed_to_that_node() -> None:
     s.aggregate_train(1, [reply(10, head(), 5), err])
     assert [(r, n) for r, n, _ in s.rejected] == [(1, 11)]
     assert s.missing == []
+
+
+def _eval_reply(nid: int, **metrics: float):  # type: ignore[no-untyped-def]
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+    sent = Message(
+        RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type="evaluate.x"
+    )
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=sent)
+
+
+def test_evaluation_aggregates_sample_weighted_and_drops_bad_replies() -> None:
+    s = strategy(LGFedAvg, [node(10, 0), node(11, 1), node(12, 2), node(13, 3)])
+    good = [
+        _eval_reply(10, **{"num-examples": 10, "correct": 9, "loss-sum": 1.0}),
+        _eval_reply(11, **{"num-examples": 30, "correct": 15, "loss-sum": 9.0}),
+    ]
+    bad = [
+        _eval_reply(12, **{"num-examples": 5, "correct": 7, "loss-sum": 1.0}),
+        _eval_reply(13, **{"num-examples": 5, "loss-sum": 1.0}),
+    ]
+    m = s.aggregate_evaluate(1, good + bad)
+    assert m["accuracy"] == pytest.approx(24 / 40)
+    assert m["accuracy-mean"] == pytest.approx((0.9 + 0.5) / 2)
+    assert m["accuracy-std"] == pytest.approx(0.2)
+    assert m["loss"] == pytest.approx(10 / 40)
+    assert m["eval-clients"] == 2 and "accuracy-global" not in m
+    assert set(s.last_eval) == {0, 1}
