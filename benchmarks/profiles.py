@@ -40,6 +40,7 @@ from client_app.app import app
 from client_app import profiles
 from common.config import flatten, parse_run_config
 t_import = time.perf_counter() - t0
+rss_imports = peak_mb()
 algorithm, profile = sys.argv[2], sys.argv[3]
 if profile == "jetson-orin-nano":  # no CUDA here: same settings on the CPU
     p = profiles.PROFILES[profile]
@@ -71,6 +72,7 @@ print(json.dumps({
     "train-s": reply.content["metrics"]["train-time-s"],
     "peak-rss-mb": peak_mb(),
     "rss-before-training-mb": rss_ready,
+    "rss-after-imports-mb": rss_imports,
 }))
 """
 
