@@ -246,15 +246,16 @@ def profiles_section() -> str:
         return "(not measured yet: `python benchmarks/profiles.py`)\n"
     lines = [
         "| profile | algorithm | architecture | FedARA rank ratio | batch | threads | "
-        "device | peak RSS of one training round (MB) | round s here |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "device | peak RSS of one training round (MB) | of which imports (MB) | round s here |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = "–" if r.get("rank-ratio") is None else f"{r['rank-ratio']:g}"
         lines.append(
             f"| `{r['profile']}` | {r['algorithm']} | {r['arch']} | {ratio} | "
             f"{r['batch-size']} | {r['threads'] or 'torch default'} | {r['device']} | "
-            f"{r['peak-rss-mb']:.0f} | {r['round-s']:.1f} |"
+            f"{r['peak-rss-mb']:.0f} | {r.get('rss-after-imports-mb', float('nan')):.0f} | "
+            f"{r['round-s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -286,8 +287,9 @@ def deployment_section() -> str:
             "and the TLS round trips. Reduced here: torchvision is imported only when a "
             f"torchvision architecture is built (it cost {pp['import-torchvision-extra-s']:.2f} s "
             "per message), matplotlib only when plotting, partitions are cached on disk. "
-            "`--isolation process` does not help in 1.42: SuperExec still starts one process "
-            "per message (its warm pools are Kubernetes-only).",
+            "`--isolation process` (read in Flower 1.42's source, not measured) would not "
+            "remove the per-message process either: SuperExec's subprocess executor starts "
+            "one per task; its warm pools exist only for the Kubernetes executor.",
             "",
         ]
     )
