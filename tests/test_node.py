@@ -1,0 +1,114 @@
+"""Node-level deployment features: profiles, device-local data, state on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from client_app import profiles
+from client_app.app import HOOKS
+from client_app.app import app as client_app
+from client_app.base import open_run
+from common.config import ConfigError
+from common.records import to_record
+from tests.test_inprocess import small_config
+
+
+def test_auto_picks_the_largest_profile_that_fits() -> None:
+    assert profiles.pick_auto(cpus=4, memory_gb=0.8, cuda=False).name == "rpi4"
+    assert profiles.pick_auto(cpus=4, memory_gb=3.0, cuda=False).name == "rpi5"
+    assert profiles.pick_auto(cpus=8, memory_gb=6.0, cuda=True).name == "server"
+    assert profiles.pick_auto(cpus=6, memory_gb=3.5, cuda=True).name == "jetson-orin-nano"
+    assert profiles.pick_auto(cpus=1, memory_gb=0.1, cuda=False).name == "rpi4"
+    assert profiles.resolve("auto").name in profiles.PROFILES
+
+
+def test_unknown_profile_is_named() -> None:
+    with pytest.raises(ValueError, match="profile='toaster'.*rpi4.*auto"):
+        profiles.resolve("toaster")
+
+
+def _context(tmp_path: Path, node_config: dict, algorithm: str = "lgfedavg") -> Context:
+    return Context(
+        run_id=1,
+        node_id=3,
+        node_config={"partition-id": 0, "num-partitions": 3, **node_config},
+        state=RecordDict(),
+        run_config=small_config(tmp_path, algorithm=algorithm),
+    )
+
+
+def test_profile_sets_architecture_batch_threads(tmp_path: Path) -> None:
+    run = open_run(_context(tmp_path, {"profile": "rpi5"}), 1, HOOKS["lgfedavg"])
+    assert run.node.arch == "cnn-4" and run.sgd.batch_size == 16
+    fedara = open_run(_context(tmp_path, {"profile": "rpi4"}, "fedara"), 1, HOOKS["fedara"])
+    assert fedara.node.arch == "cnn-1" and fedara.notes["tier"][0] == 0.125
+
+
+def test_device_local_npz_is_split_locally(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    path = tmp_path / "mine.npz"
+    np.savez(path, x=rng.integers(0, 255, (80, 28, 28), dtype=np.uint8), y=rng.integers(0, 10, 80))
+    run = open_run(
+        _context(tmp_path, {"data-name": "npz", "data-root": str(path)}), 1, HOOKS["lgfedavg"]
+    )
+    assert len(run.data.y_train) + len(run.data.y_test) == 80
+    assert len(run.data.y_test) == 20
+
+
+def test_device_local_missing_path_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.npz"
+    with pytest.raises(ConfigError, match=str(missing)):
+        open_run(
+            _context(tmp_path, {"data-name": "npz", "data-root": str(missing)}),
+            1,
+            HOOKS["lgfedavg"],
+        )
+
+
+def _train(ctx: Context, head: dict, server_round: int) -> Message:
+    msg = Message(
+        RecordDict(
+            {"arrays": to_record(head), "config": ConfigRecord({"server-round": server_round})}
+        ),
+        dst_node_id=3,
+        message_type="train.lgfedavg",
+    )
+    return client_app(msg, ctx)
+
+
+def test_state_dir_lets_a_restarted_node_resume(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
+    ctx = _context(tmp_path, {"state-dir": str(state_dir)})
+    for rnd in (1, 2):
+        reply = _train(ctx, head, rnd)
+        assert reply.content["metrics"]["rounds-trained"] == rnd
+    saved = ctx.state["fedhet.model"]["extractor.fc1.weight"].numpy()
+    assert len(list(state_dir.glob("lgfedavg-cnn-1-*.pt"))) == 1
+
+    restarted = _context(tmp_path, {"state-dir": str(state_dir)})  # empty memory
+    run = open_run(restarted, 3, HOOKS["lgfedavg"])
+    np.testing.assert_array_equal(run.model.state_dict()["extractor.fc1.weight"].numpy(), saved)
+    assert _train(restarted, head, 3).content["metrics"]["rounds-trained"] == 3
+
+    fresh = _context(tmp_path, {})  # no state dir: a new model
+    run = open_run(fresh, 3, HOOKS["lgfedavg"])
+    assert not np.array_equal(run.model.state_dict()["extractor.fc1.weight"].numpy(), saved)
+
+
+def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
+    _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 1)
+    other = Context(
+        run_id=1,
+        node_id=3,
+        node_config={"partition-id": 0, "num-partitions": 3, "state-dir": str(state_dir)},
+        state=RecordDict(),
+        run_config=small_config(tmp_path, algorithm="lgfedavg", seed=5),
+    )
+    assert open_run(other, 1, HOOKS["lgfedavg"]).rounds_trained == 0
