@@ -20,21 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, sys, time
-
-
-def peak_mb():
-    # VmHWM: this process's own peak (ru_maxrss would carry the parent's over exec)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM")
-
-
 t0 = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
-from flwr.supercore.task_identity import TaskIdentity
-TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+from benchmarks.probe import peak_mb, task_identity
+task_identity()
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from client_app.app import app
 from client_app import profiles
