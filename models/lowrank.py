@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -33,22 +33,16 @@ __all__ = [
     "LowRankLinear",
     "conv_to_matrix",
     "decompose",
-    "decompose_state",
     "default_layers",
     "eckart_young_error",
     "factorisable_layers",
     "factorise",
-    "factors_from_state",
-    "factors_to_state",
     "layer_rank",
-    "lowrank_state_keys",
     "matrix_to_conv",
     "param_count",
     "reconstruct",
-    "reconstruct_state",
     "thin_svd",
     "torch_threads",
-    "weighted_reconstruction",
 ]
 
 
@@ -397,175 +391,3 @@ def factorise(
         parent, _, child = name.rpartition(".")
         setattr(out.get_submodule(parent), child, new)
     return out
-
-
-def lowrank_state_keys(layer: str, shape: tuple[int, ...]) -> tuple[str, str]:
-    """State-dict keys ``(U key, V key)`` of a factorised ``layer``.
-
-    ``shape`` (the original weight shape) selects the layer type: Linear
-    ``("L.u", "L.v")``, conv ``("L.u_conv.weight", "L.v_conv.weight")``.
-    """
-    _matrix_dims(shape)
-    if len(shape) == 2:
-        return f"{layer}.u", f"{layer}.v"
-    return f"{layer}.u_conv.weight", f"{layer}.v_conv.weight"
-
-
-def _bias_keys(layer: str, shape: tuple[int, ...]) -> tuple[str, str]:
-    """``(factorised bias key, original bias key)`` of ``layer``."""
-    lowrank = f"{layer}.bias" if len(shape) == 2 else f"{layer}.u_conv.bias"
-    return lowrank, f"{layer}.bias"
-
-
-def factors_from_state(
-    state: Mapping[str, Tensor], layer: str, shape: tuple[int, ...]
-) -> tuple[Tensor, Tensor]:
-    """Read ``(U [rows, r], V [cols, r])`` of ``layer`` from a factorised state."""
-    u_key, v_key = lowrank_state_keys(layer, shape)
-    u, v = state[u_key], state[v_key]
-    if len(shape) == 4:
-        u, v = _conv_to_u(u), _conv_to_v(v)
-    if (u.shape[0], v.shape[0]) != _matrix_dims(shape) or u.shape[1] != v.shape[1]:
-        raise ValueError(f"factors of {layer!r} do not fit weight shape {shape}")
-    return u, v
-
-
-def factors_to_state(u: Tensor, v: Tensor, layer: str, shape: tuple[int, ...]) -> dict[str, Tensor]:
-    """State entries of ``layer``'s factors (module order; bias not included)."""
-    u_key, v_key = lowrank_state_keys(layer, shape)
-    if len(shape) == 2:
-        return {u_key: u, v_key: v}
-    c_out, c_in, k, _ = shape
-    return {v_key: _v_to_conv(v, c_in, k), u_key: _u_to_conv(u, c_out, k)}
-
-
-def _layer_of(key: str, layers: Mapping[str, tuple[int, ...]]) -> str | None:
-    """The layer in ``layers`` owning ``key`` (longest matching prefix)."""
-    owners = [name for name in layers if key.startswith(name + ".")]
-    return max(owners, key=len) if owners else None
-
-
-def _convert_state(
-    state: Mapping[str, Tensor],
-    layers: Mapping[str, tuple[int, ...]],
-    convert: dict[str, dict[str, Tensor]],
-) -> dict[str, Tensor]:
-    """Copy ``state``, replacing the keys of each layer in ``convert`` (at the
-    position of its first key) by ``convert[layer]``."""
-    out: dict[str, Tensor] = {}
-    for key, value in state.items():
-        layer = _layer_of(key, layers)
-        if layer is None or layer not in convert:
-            out[key] = value
-        elif not any(k in out for k in convert[layer]):
-            out.update(convert[layer])
-    return out
-
-
-def reconstruct_state(
-    state: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]]
-) -> dict[str, Tensor]:
-    """Factorised extractor state -> full-rank extractor state.
-
-    Each layer of ``layers`` (name -> original weight shape) whose factors are
-    in ``state`` becomes ``L.weight`` (and ``L.bias``); layers stored full
-    (ratio 1) and all other keys are kept unchanged, in the original order.
-    """
-    convert: dict[str, dict[str, Tensor]] = {}
-    for layer, shape in layers.items():
-        if lowrank_state_keys(layer, shape)[0] not in state:
-            continue
-        u, v = factors_from_state(state, layer, shape)
-        entries = {f"{layer}.weight": reconstruct(u, v, shape)}
-        lowrank_bias, bias = _bias_keys(layer, shape)
-        if lowrank_bias in state:
-            entries[bias] = state[lowrank_bias]
-        convert[layer] = entries
-    return _convert_state(state, layers, convert)
-
-
-def decompose_state(
-    state: Mapping[str, Tensor],
-    layers: Mapping[str, tuple[int, ...]],
-    ratio: float,
-    svds: Mapping[str, Svd] | None = None,
-) -> dict[str, Tensor]:
-    """Full-rank extractor state -> the state of ``factorise(.., ratio)``.
-
-    Keys, order and shapes equal ``factorise(extractor, list(layers), ratio)
-    .state_dict()``; ``ratio == 1`` returns a shallow copy of ``state``.
-    ``svds`` (layer -> :func:`thin_svd` of its weight) avoids recomputing SVDs.
-    """
-    _check_ratio(ratio)
-    if ratio == 1.0:
-        return dict(state)
-    convert: dict[str, dict[str, Tensor]] = {}
-    for layer, shape in layers.items():
-        weight = state[f"{layer}.weight"]
-        if tuple(weight.shape) != tuple(shape):
-            raise ValueError(f"{layer}.weight is {tuple(weight.shape)}, not {shape}")
-        u, v = decompose(weight, layer_rank(shape, ratio), (svds or {}).get(layer))
-        entries = factors_to_state(u.to(weight.dtype), v.to(weight.dtype), layer, shape)
-        lowrank_bias, bias = _bias_keys(layer, shape)
-        if bias in state:
-            entries[lowrank_bias] = state[bias]
-        convert[layer] = entries
-    return _convert_state(state, layers, convert)
-
-
-def weighted_reconstruction(
-    states: Sequence[Mapping[str, Tensor]],
-    weights: Sequence[float],
-    layers: Mapping[str, tuple[int, ...]],
-    chunk_rank: int = 4096,
-) -> dict[str, Tensor]:
-    """``Σ_k w_k · reconstruct_state(states[k])`` (weights normalised), streaming.
-
-    Each state may be factorised at its own rank or full (ratio 1). For a layer,
-    ``Σ_k w_k U_k V_kᵀ`` is one product of the column-stacked ``[w_k U_k]`` and
-    ``[V_k]`` (in chunks of at most ``chunk_rank`` columns): the same arithmetic as
-    reconstructing client by client, in a few large matrix products, and without
-    holding every client's full-rank weights in memory. Accumulates in float64.
-    """
-    total = float(sum(weights))
-    if not states or total <= 0:
-        raise ValueError("need at least one state and a positive total weight")
-    acc: dict[str, Tensor] = {}
-    stacks: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in layers}
-
-    def add(key: str, value: Tensor, w: float) -> None:
-        term = value.double() * w
-        acc[key] = acc[key] + term if key in acc else term
-
-    for state, weight in zip(states, weights, strict=True):
-        w = float(weight) / total
-        factorised = {n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in state}
-        for layer in factorised:
-            u, v = factors_from_state(state, layer, layers[layer])
-            stacks[layer].append((u.float() * w, v.float()))
-            lowrank_bias, bias = _bias_keys(layer, layers[layer])
-            if lowrank_bias in state:
-                add(bias, state[lowrank_bias], w)
-        for key, value in state.items():
-            owner = _layer_of(key, layers)
-            if owner is None or owner not in factorised:
-                add(key, value, w)
-    for layer, pairs in stacks.items():
-        for u, v in _chunks(pairs, chunk_rank):
-            key = f"{layer}.weight"
-            add(key, reconstruct(u, v, layers[layer]), 1.0)
-    return acc
-
-
-def _chunks(pairs: list[tuple[Tensor, Tensor]], limit: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """Column-stack factor pairs into products of at most ``limit`` total rank."""
-    batch: list[tuple[Tensor, Tensor]] = []
-    size = 0
-    for u, v in pairs:
-        if batch and size + u.shape[1] > limit:
-            yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
-            batch, size = [], 0
-        batch.append((u, v))
-        size += u.shape[1]
-    if batch:
-        yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)

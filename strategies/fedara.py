@@ -6,14 +6,8 @@ import numpy as np
 import torch
 
 from common.records import Arrays, shapes
-from models.lowrank import (
-    Svd,
-    decompose_state,
-    factorisable_layers,
-    thin_svd,
-    torch_threads,
-    weighted_reconstruction,
-)
+from models.lowrank import Svd, factorisable_layers, thin_svd, torch_threads
+from models.lowrank_state import decompose_state, weighted_reconstruction
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 EXTRACTOR = "extractor."

@@ -17,18 +17,20 @@ from models.lowrank import (
     LowRankLinear,
     conv_to_matrix,
     decompose,
-    decompose_state,
     default_layers,
     eckart_young_error,
     factorisable_layers,
     factorise,
-    factors_from_state,
-    factors_to_state,
     layer_rank,
-    lowrank_state_keys,
     matrix_to_conv,
     param_count,
     reconstruct,
+)
+from models.lowrank_state import (
+    decompose_state,
+    factors_from_state,
+    factors_to_state,
+    lowrank_state_keys,
     reconstruct_state,
 )
 
