@@ -8,13 +8,11 @@ the node instead of failing the round.
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -25,75 +23,9 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from common.config import RunConfig
 from common.records import Arrays, invalid_reason, shapes, to_numpy, to_record
+from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
 
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """What a node reported about itself in reply to ``query.profile``."""
-
-    node_id: int
-    partition_id: int
-    arch: str
-    num_train: int
-    num_test: int
-    num_classes: int
-    feature_dim: int
-    class_counts: tuple[int, ...]
-    extras: dict[str, float | int | str] = field(default_factory=dict)
-
-    @classmethod
-    def from_metrics(cls, node_id: int, cfg: ConfigRecord) -> NodeInfo:
-        known = {f.replace("_", "-") for f in cls.__dataclass_fields__}
-        return cls(
-            node_id=node_id,
-            partition_id=int(cfg["partition-id"]),  # type: ignore[arg-type]
-            arch=str(cfg["arch"]),
-            num_train=int(cfg["num-train"]),  # type: ignore[arg-type]
-            num_test=int(cfg["num-test"]),  # type: ignore[arg-type]
-            num_classes=int(cfg["num-classes"]),  # type: ignore[arg-type]
-            feature_dim=int(cfg["feature-dim"]),  # type: ignore[arg-type]
-            class_counts=tuple(int(c) for c in cfg["class-counts"]),  # type: ignore[union-attr]
-            extras={k: v for k, v in cfg.items() if k not in known},  # type: ignore[misc]
-        )
-
-
-class EvalRow(NamedTuple):
-    """One usable evaluation reply."""
-
-    node_id: int
-    n: int
-    correct: int
-    loss: float
-    global_n: int = 0
-    global_correct: int = 0
-
-
-def _eval_row(reply: Message) -> tuple[EvalRow | None, str]:
-    """Parse and check an evaluation reply: (row, "") or (None, why not)."""
-    if reply.has_error():
-        return None, f"error reply: {reply.error.reason}"
-    if "metrics" not in reply.content.metric_records:
-        return None, "no metrics"
-    m = reply.content.metric_records["metrics"]
-    try:
-        n, correct, loss = int(m["num-examples"]), int(m["correct"]), float(m["loss-sum"])  # type: ignore[arg-type]
-        g_n = int(m.get("global-num-examples", 0))  # type: ignore[arg-type]
-        g_c = int(m.get("global-correct", 0))  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, f"malformed metrics ({exc})"
-    if n <= 0 or not 0 <= correct <= n or not math.isfinite(loss) or not 0 <= g_c <= max(g_n, 0):
-        return None, f"inconsistent metrics (n={n}, correct={correct}, loss={loss})"
-    return EvalRow(0, n, correct, loss, g_n, g_c), ""
-
-
-@dataclass(frozen=True)
-class Upload:
-    """One valid training reply."""
-
-    node: NodeInfo
-    arrays: Arrays
-    num_examples: int
-    metrics: dict[str, float]
+__all__ = ["HeteroStrategy", "NodeInfo", "Upload"]
 
 
 class HeteroStrategy(Strategy):
@@ -292,10 +224,8 @@ class HeteroStrategy(Strategy):
         self.last_train = {}
         for reply in replies:
             nid = self.sender(reply)
-            reason = self._reply_problem(reply)
-            upload = None
-            if reason is None:
-                upload = self._to_upload(reply)
+            upload, reason = train_upload(reply, self.nodes.get(nid))
+            if upload is not None:
                 reason = self.check_upload(upload.node, upload.arrays)
             if reason is not None:
                 log(
@@ -311,30 +241,6 @@ class HeteroStrategy(Strategy):
             uploads.append(upload)
             self.last_train[upload.node.partition_id] = upload.metrics
         return sorted(uploads, key=lambda u: u.node.partition_id)
-
-    def _reply_problem(self, reply: Message) -> str | None:
-        if reply.has_error():
-            return f"error reply: {reply.error.reason}"
-        content = reply.content
-        if self.sender(reply) not in self.nodes:
-            return "unknown node"
-        if "arrays" not in content.array_records or "metrics" not in content.metric_records:
-            return "reply lacks 'arrays' or 'metrics'"
-        num = content["metrics"].get("num-examples")
-        if not isinstance(num, int | float) or num <= 0:
-            return f"bad num-examples {num!r}"
-        return None
-
-    def _to_upload(self, reply: Message) -> Upload:
-        metrics = {
-            k: float(v) for k, v in reply.content["metrics"].items() if isinstance(v, int | float)
-        }
-        return Upload(
-            node=self.nodes[self.sender(reply)],
-            arrays=to_numpy(reply.content.array_records["arrays"]),
-            num_examples=int(metrics["num-examples"]),
-            metrics=metrics,
-        )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -407,7 +313,7 @@ class HeteroStrategy(Strategy):
         rows: list[EvalRow] = []
         for reply in replies:
             nid = self.sender(reply)
-            row, reason = _eval_row(reply)
+            row, reason = eval_row(reply)
             if row is None:
                 log(
                     WARNING,
@@ -425,22 +331,7 @@ class HeteroStrategy(Strategy):
             for r in rows
             if r.node_id in self.nodes
         }
-        accs = [r.correct / r.n for r in rows]
-        total = sum(r.n for r in rows)
-        out = MetricRecord(
-            {
-                "accuracy": sum(r.correct for r in rows) / total,
-                "accuracy-mean": statistics.fmean(accs),
-                "accuracy-std": statistics.pstdev(accs),
-                "loss": sum(r.loss for r in rows) / total,
-                "eval-clients": len(rows),
-            }
-        )
-        if all(r.global_n > 0 for r in rows):
-            out["accuracy-global"] = sum(r.global_correct for r in rows) / sum(
-                r.global_n for r in rows
-            )
-        return out
+        return eval_metrics(rows)
 
     def summary(self) -> None:
         """Log the strategy's settings."""
