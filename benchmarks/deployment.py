@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,56 +46,66 @@ def round_times(out: Path) -> list[float]:
     return [r["round-time-s"] for r in json.loads((out / "results.json").read_text())["rounds"]]
 
 
-def timed(code: str, repeats: int = 5) -> float:
-    """Median wall time of ``python -c code`` in fresh processes (start-up included)."""
+def wall(code: str, repeats: int = 5) -> float:
+    """Median wall time of a fresh ``python -c code`` process, start-up included."""
     runs = []
     for _ in range(repeats):
+        t0 = time.perf_counter()
         out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import time; t=time.perf_counter();" + code + ";print(time.perf_counter()-t)",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=300,
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
         )
+        runs.append(time.perf_counter() - t0)
         if out.returncode != 0:
             raise SystemExit(out.stderr[-2000:])
-        runs.append(float(out.stdout.strip().splitlines()[-1]))
     return statistics.median(runs)
 
 
 def startup_breakdown(cache: Path) -> dict:
-    load = (
+    """What one ClientApp process pays before training, as wall-time differences."""
+    base = wall("pass")
+    torch = wall("import torch")
+    app = wall("import client_app.app")
+    cfg = (
         "import torch; from common.config import parse_run_config;"
-        "from data import load_client_data;"
-        "c=parse_run_config({'data.fraction':0.05,'data.alpha':0.1,"
-        f"'data.cache-dir':'{cache}'}}).data;"
-        "t0=time.perf_counter(); load_client_data(c,0,3,0); t=t0"
+        "from data import load_client_data; from models import build_model;"
+        "c = parse_run_config({'data.fraction': 0.05, 'data.alpha': 0.1,"
+        f"'data.cache-dir': '{cache}'}}).data"
     )
-    build = (
-        "import torch; from models import build_model; t0=time.perf_counter();"
-        "build_model('cnn-1',in_channels=1,num_classes=10,image_size=28,feature_dim=500,"
-        "seed=0); t=t0"
+    with_data = wall(cfg + "; load_client_data(c, 0, 3, 0)")
+    with_model = wall(
+        cfg + "; build_model('cnn-1', in_channels=1, num_classes=10, "
+        "image_size=28, feature_dim=500, seed=0)"
     )
+    without = wall(cfg)
     return {
-        "python-start-s": timed("pass"),
-        "import-torch-s": timed("import torch"),
-        "import-flwr-s": timed("import flwr.app, flwr.clientapp"),
-        "import-client-app-s": timed("import client_app.app"),
-        "import-torchvision-extra-s": timed("import client_app.app; import torchvision.models")
-        - timed("import client_app.app"),
-        "load-data-share-s": timed("import time;" + load),
-        "build-cnn1-s": timed("import time;" + build),
+        "python-start-s": base,
+        "import-torch-s": torch - base,
+        "import-flwr-s": wall("import flwr.app, flwr.clientapp") - base,
+        "import-client-app-s": app - base,
+        "import-torchvision-extra-s": wall("import client_app.app; import torchvision.models")
+        - app,
+        "load-data-share-s": with_data - without,
+        "build-cnn1-s": with_model - without,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/deployment.json")
+    ap.add_argument(
+        "--breakdown-only",
+        action="store_true",
+        help="only the per-process costs (needs a prepared partition cache)",
+    )
+    ap.add_argument("--cache", type=Path, default=None)
     args = ap.parse_args()
+    if args.breakdown_only:
+        print(
+            json.dumps(
+                startup_breakdown(args.cache or Path.home() / ".cache/fedhet/partitions"), indent=1
+            )
+        )
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         cache = tmpd / "cache"
