@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from common.records import Arrays, shapes
-from models.lowrank import Svd, factorisable_layers, thin_svd, torch_threads
+from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_threads
 from models.lowrank_state import decompose_state, weighted_reconstruction
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
@@ -70,14 +70,23 @@ class FedARA(HeteroStrategy):
                 wanted = {name: self.layer_shapes[name] for name in layers}
                 extractor = self._extractor()
                 with torch_threads(1):
-                    for name in wanted:
-                        if name not in self._svds:
-                            self._svds[name] = thin_svd(extractor[f"{name}.weight"])
+                    for name, shape in wanted.items():
+                        cached = self._svds.get(name)
+                        if cached is None or cached[1].numel() < layer_rank(shape, ratio):
+                            # one per layer, deep enough for every tier of the known nodes
+                            depth = max(
+                                layer_rank(shape, t) for t in self.ratios_below_one() | {ratio}
+                            )
+                            self._svds[name] = top_svd(extractor[f"{name}.weight"], depth)
                             self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
                     state = decompose_state(extractor, wanted, ratio, self._svds)
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
         return self._served[tier]
+
+    def ratios_below_one(self) -> set[float]:
+        """Every tier ratio the known nodes use that needs a decomposition."""
+        return {r for r, _ in (self.tier(n) for n in self.nodes.values()) if r < 1}
 
     def payload(self, server_round: int, node: NodeInfo) -> Arrays:
         return self.served(self.tier(node))

@@ -381,3 +381,31 @@ def test_state_keys_and_factor_entries() -> None:
     assert torch.equal(factors_from_state(state, "conv2", layers["conv2"])[0], module_u)
     with pytest.raises(ValueError, match="do not fit"):
         factors_from_state(state, "conv2", (64, 32, 3, 3))
+
+
+@pytest.mark.parametrize("shape", [(300, 80), (80, 300), (40, 8, 5, 5)])
+def test_top_svd_matches_the_thin_svd_truncation(shape: tuple[int, ...]) -> None:
+    from models.lowrank import thin_svd, top_svd
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(*shape, generator=gen)
+    p, s, qt = thin_svd(w)
+    k = min(p.shape[1], 30)
+    tp, ts, tqt = top_svd(w, k)
+    torch.testing.assert_close(ts, s[:k], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(tp * ts @ tqt, p[:, :k] * s[:k] @ qt[:k], rtol=1e-8, atol=1e-8)
+    for rank in (1, 5, k):
+        u, v = decompose(w, rank, (tp, ts, tqt))
+        u0, v0 = decompose(w, rank)
+        torch.testing.assert_close(u @ v.T, u0 @ v0.T, rtol=1e-4, atol=1e-5)
+
+
+def test_top_svd_of_a_rank_deficient_matrix_has_zero_tail() -> None:
+    from models.lowrank import top_svd
+
+    gen = torch.Generator().manual_seed(3)
+    left = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    w = left @ torch.randn(3, 40, generator=gen, dtype=torch.float64)
+    p, s, qt = top_svd(w, 10)
+    assert (s[3:] == 0).all() and torch.isfinite(p).all() and torch.isfinite(qt).all()
+    torch.testing.assert_close(p * s @ qt, w, rtol=1e-8, atol=1e-8)
