@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
 
 import strategies.fedara as fedara_module
 from client_app.app import HOOKS
@@ -19,7 +18,7 @@ from models import build_model
 from models.lowrank import factorisable_layers, layer_rank, param_count, reconstruct
 from strategies.fedara import FedARA
 from tests.replies import node, reply, strategy
-from tests.test_inprocess import run_inprocess, small_config
+from tests.support import client_context, run_inprocess
 
 LAYERS = "fc1,fc2"
 
@@ -147,14 +146,7 @@ def test_lambda_schedule() -> None:
 
 
 def _client_run(tmp_path: Path, server_round: int, pid: int = 1, **cfg):  # type: ignore[no-untyped-def]
-    rc = small_config(tmp_path, algorithm="fedara", **cfg)
-    ctx = Context(
-        run_id=1,
-        node_id=5,
-        node_config={"partition-id": pid, "num-partitions": 5},
-        state=RecordDict(),
-        run_config=rc,
-    )
+    ctx = client_context(tmp_path, "fedara", pid=pid, num=5, **cfg)
     return open_run(ctx, server_round, HOOKS["fedara"])
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
 
 from client_app.app import HOOKS
 from client_app.base import open_run
@@ -17,7 +16,7 @@ from models import build_model, family_archs
 from models.adapter import ADAPTERS, adapter_shapes, attach_adapters
 from strategies.fedlora import FedLoRA
 from tests.replies import node, reply, strategy
-from tests.test_inprocess import run_inprocess, small_config
+from tests.support import client_context, run_inprocess
 
 
 def _adapter_state(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
@@ -68,15 +67,7 @@ def test_non_square_target_is_refused_by_name() -> None:
 
 
 def _run(tmp_path: Path):  # type: ignore[no-untyped-def]
-    rc = small_config(tmp_path, algorithm="fedlora")
-    ctx = Context(
-        run_id=1,
-        node_id=3,
-        node_config={"partition-id": 2, "num-partitions": 3},
-        state=RecordDict(),
-        run_config=rc,
-    )
-    run = open_run(ctx, 2, HOOKS["fedlora"])
+    run = open_run(client_context(tmp_path, "fedlora", pid=2), 2, HOOKS["fedlora"])
     run.model.adapters["head"].B.data.normal_(std=0.1)  # a non-trivial adapter
     return run
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +9,11 @@ import pytest
 
 from client_app.app import HOOKS
 from client_app.app import app as client_app
-from common.config import flatten, parse_run_config
+from common.config import parse_run_config
 from server_app.results import Recorded
 from strategies import STRATEGIES
 from tests.fakegrid import FakeGrid
+from tests.support import run_inprocess, small_config
 
 ROUND_KEYS = {
     "round",
@@ -37,33 +37,6 @@ SUMMARY_KEYS = {
     "bytes-down-total",
     "wall-time-s",
 }
-
-
-def small_config(tmp_path: Path, **overrides) -> dict:
-    cfg = {
-        "num-server-rounds": 2,
-        "seed": 0,
-        "out-dir": str(tmp_path / "out"),
-        "data.name": "synthetic",
-        "data.alpha": 0.5,
-        "data.cache-dir": str(tmp_path / "c"),
-        "model.family": "cnn",
-        "train.batch-size": 32,
-    }
-    cfg.update(overrides)
-    return {**flatten(parse_run_config({})), **cfg}
-
-
-def run_inprocess(tmp_path: Path, num_nodes: int = 3, **overrides) -> tuple[dict, FakeGrid]:
-    run_config = small_config(tmp_path, **overrides)
-    cfg = parse_run_config(run_config)
-    grid = FakeGrid(client_app, run_config, num_nodes)
-    strategy = STRATEGIES[cfg.algorithm](cfg)
-    recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
-    initial = strategy.initial_arrays(grid)
-    recorder.start(grid, initial, num_rounds=cfg.num_server_rounds, evaluate_fn=recorder.end_round)
-    path = recorder.write()
-    return json.loads(path.read_text()), grid
 
 
 def test_every_algorithm_has_a_client_hook() -> None:

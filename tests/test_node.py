@@ -14,7 +14,7 @@ from client_app.app import app as client_app
 from client_app.base import open_run
 from common.config import ConfigError
 from common.records import to_record
-from tests.test_inprocess import small_config
+from tests.support import client_context
 
 
 def test_auto_picks_the_largest_profile_that_fits() -> None:
@@ -32,13 +32,7 @@ def test_unknown_profile_is_named() -> None:
 
 
 def _context(tmp_path: Path, node_config: dict, algorithm: str = "lgfedavg") -> Context:
-    return Context(
-        run_id=1,
-        node_id=3,
-        node_config={"partition-id": 0, "num-partitions": 3, **node_config},
-        state=RecordDict(),
-        run_config=small_config(tmp_path, algorithm=algorithm),
-    )
+    return client_context(tmp_path, algorithm, node_config=node_config)
 
 
 def test_profile_sets_architecture_batch_threads(tmp_path: Path) -> None:
@@ -74,7 +68,7 @@ def _train(ctx: Context, head: dict, server_round: int) -> Message:
         RecordDict(
             {"arrays": to_record(head), "config": ConfigRecord({"server-round": server_round})}
         ),
-        dst_node_id=3,
+        dst_node_id=ctx.node_id,
         message_type="train.lgfedavg",
     )
     return client_app(msg, ctx)
@@ -104,11 +98,5 @@ def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
     _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 1)
-    other = Context(
-        run_id=1,
-        node_id=3,
-        node_config={"partition-id": 0, "num-partitions": 3, "state-dir": str(state_dir)},
-        state=RecordDict(),
-        run_config=small_config(tmp_path, algorithm="lgfedavg", seed=5),
-    )
+    other = client_context(tmp_path, "lgfedavg", node_config={"state-dir": str(state_dir)}, seed=5)
     assert open_run(other, 1, HOOKS["lgfedavg"]).rounds_trained == 0

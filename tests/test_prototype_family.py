@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from client_app.app import HOOKS
 from client_app.app import app as client_app
@@ -19,7 +19,7 @@ from strategies.fedgh import FedGH
 from strategies.fedproto import FedProto
 from strategies.fedre import FedRE
 from tests.replies import node, reply, strategy
-from tests.test_inprocess import run_inprocess, small_config
+from tests.support import client_context, run_inprocess
 
 # ----------------------------------------------------------------- entanglement math
 
@@ -57,15 +57,7 @@ def test_vap_uses_equal_weights() -> None:
 
 
 def _run(tmp_path: Path, server_round: int, pid: int = 0, **cfg):  # type: ignore[no-untyped-def]
-    rc = small_config(tmp_path, algorithm="fedre", **cfg)
-    ctx = Context(
-        run_id=1,
-        node_id=1,
-        node_config={"partition-id": pid, "num-partitions": 3},
-        state=RecordDict(),
-        run_config=rc,
-    )
-    return open_run(ctx, server_round, HOOKS["fedre"])
+    return open_run(client_context(tmp_path, "fedre", pid=pid, **cfg), server_round, HOOKS["fedre"])
 
 
 def test_client_rep_matches_its_prototypes_and_seed(tmp_path: Path) -> None:
@@ -91,14 +83,7 @@ def test_same_seed_round_node_same_weights_other_round_differs(tmp_path: Path) -
 
 
 def test_client_evaluates_with_the_broadcast_head(tmp_path: Path) -> None:
-    rc = small_config(tmp_path, algorithm="fedre")
-    ctx = Context(
-        run_id=1,
-        node_id=7,
-        node_config={"partition-id": 1, "num-partitions": 3},
-        state=RecordDict(),
-        run_config=rc,
-    )
+    ctx = client_context(tmp_path, "fedre", pid=1)
     run = open_run(ctx, 1, HOOKS["fedre"])
     weight = np.zeros((10, 500), np.float32)
     bias = np.zeros(10, np.float32)
@@ -110,7 +95,7 @@ def test_client_evaluates_with_the_broadcast_head(tmp_path: Path) -> None:
                 "config": ConfigRecord({"server-round": 1}),
             }
         ),
-        dst_node_id=7,
+        dst_node_id=ctx.node_id,
         message_type="evaluate.fedre",
     )
     out = client_app(msg, ctx)
