@@ -9,16 +9,19 @@ Only complete runs are used; a row says how many seeds it has.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.accuracy import OUT, REGIMES, complete  # noqa: E402
+from benchmarks.accuracy import OUT, REGIMES, ROUNDS, complete  # noqa: E402
 from common.report import Run, plot_accuracy  # noqa: E402
 
 DOCS = ROOT / "docs" / "results"
@@ -47,9 +50,101 @@ COMMAND = {
 }
 
 
-def runs(regime: str, name: str) -> list[Run]:
-    folder = OUT / regime / name
-    return [Run.load(p / "results.json") for p in sorted(folder.glob("seed*")) if complete(p)]
+ARCHIVE = DOCS / "archive"
+SUMMARY = DOCS / "accuracy-summary.json"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One seed of one row: from an archived ``results.json`` or, failing that, its summary."""
+
+    seed: int
+    summary: dict[str, Any]
+    up: float
+    down: float
+    train_time: float | None
+    run: Run | None
+
+
+def archive() -> int:
+    """Copy complete runs from ``benchmarks/out`` into ``docs/results/archive`` (committed).
+
+    Gzipped: Flower packs every ``.json`` under the app folder into each run's bundle.
+    """
+    copied = 0
+    for path in sorted(OUT.glob("*/*/seed*")):
+        if not complete(path):
+            continue
+        doc = json.loads((path / "results.json").read_text())
+        keep = {k: doc[k] for k in ("config", "versions", "rounds", "summary") if k in doc}
+        dest = ARCHIVE / path.parent.relative_to(OUT) / f"{path.name}.json.gz"
+        data = json.dumps(keep, indent=1).encode()
+        if dest.exists() and gzip.decompress(dest.read_bytes()) == data:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(gzip.compress(data, mtime=0))
+        copied += 1
+    return copied
+
+
+def archived(regime: str, name: str) -> list[Run]:
+    runs = []
+    for path in sorted((ARCHIVE / regime / name).glob("seed*.json.gz")):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        runs.append(Run(path, doc["config"], doc["rounds"], doc["summary"]))
+    return runs
+
+
+def mean_of_rounds(run: Run, key: str) -> float:
+    vals = [r[key] for r in run.rounds if r.get(key) is not None]
+    return statistics.fmean(vals) if vals else 0.0
+
+
+def _previous_summaries() -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Per-seed summaries kept by an earlier call, for runs whose raw files are gone."""
+    if not SUMMARY.exists():
+        return {}
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for per_regime in json.loads(SUMMARY.read_text()).values():
+        for regime, rows in per_regime.items():
+            for name, items in rows.items():
+                if items and (regime, name) not in found:
+                    found[(regime, name)] = items
+    return found
+
+
+PREVIOUS = _previous_summaries()
+
+
+def entries(regime: str, name: str) -> list[Entry]:
+    """Every seed of a row; an archived run wins over a kept summary of the same seed."""
+    out: dict[int, Entry] = {}
+    seeds = REGIMES[regime]["seeds"]
+    per_round = ROUNDS * REGIMES[regime]["clients"]
+    kept = PREVIOUS.get((regime, name), [])
+    for i, item in enumerate(kept):
+        if "seed" in item:
+            seed = int(item["seed"])
+        elif len(kept) == len(seeds):  # written in seed order, one per seed
+            seed = seeds[i]
+        else:
+            continue
+        up = item.get("bytes-up-per-client-round", item["bytes-up-total"] / per_round)
+        down = item.get("bytes-down-per-client-round", item["bytes-down-total"] / per_round)
+        summary = {k: v for k, v in item.items() if k != "seed" and "per-client" not in k}
+        tt = item.get("client-train-time-s")
+        out[seed] = Entry(seed, summary, up, down, tt, None)
+    for run in archived(regime, name):
+        seed = int(run.config["seed"])
+        out[seed] = Entry(
+            seed,
+            run.summary,
+            mean_of_rounds(run, "bytes-up-per-client"),
+            mean_of_rounds(run, "bytes-down-per-client"),
+            mean_of_rounds(run, "client-train-time-s"),
+            run,
+        )
+    return [out[s] for s in sorted(out)]
 
 
 def pm(values: list[float], fmt: str = "{:.4f}") -> str:
@@ -64,20 +159,17 @@ def kb(n: float) -> str:
     return f"{n / 1024:.1f} KB" if n < 1024**2 else f"{n / 1024**2:.2f} MB"
 
 
-def mean_of_rounds(run: Run, key: str) -> float:
-    vals = [r[key] for r in run.rounds if r.get(key) is not None]
-    return statistics.fmean(vals) if vals else 0.0
-
-
-def row(name: str, rs: list[Run], train_time: bool = False) -> str:
-    last = [r.summary["accuracy-last"] for r in rs]
-    best = [r.summary["accuracy-best"] for r in rs]
-    up = statistics.fmean(mean_of_rounds(r, "bytes-up-per-client") for r in rs)
-    down = statistics.fmean(mean_of_rounds(r, "bytes-down-per-client") for r in rs)
-    cells = [LABELS.get(name, name), str(len(rs)), pm(last), pm(best), kb(up), kb(down)]
+def row(name: str, es: list[Entry], train_time: bool = False) -> str:
+    last = [e.summary["accuracy-last"] for e in es]
+    best = [e.summary["accuracy-best"] for e in es]
+    up = statistics.fmean(e.up for e in es)
+    down = statistics.fmean(e.down for e in es)
+    cells = [LABELS.get(name, name), str(len(es)), pm(last), pm(best), kb(up), kb(down)]
     if train_time:
-        cells.append(pm([mean_of_rounds(r, "client-train-time-s") for r in rs], "{:.2f}"))
-    cells.append(pm([r.summary["wall-time-s"] for r in rs], "{:.0f}"))
+        times = [e.train_time for e in es if e.train_time is not None]
+        note = "" if len(times) in (0, len(es)) else f" (seeds {len(times)})"
+        cells.append(pm(times, "{:.2f}") + note)
+    cells.append(pm([e.summary["wall-time-s"] for e in es], "{:.0f}"))
     return "| " + " | ".join(cells) + " |"
 
 
@@ -95,9 +187,9 @@ def table(regime: str, names: list[str], train_time: bool = False) -> str:
     head.append("wall time (s)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
-        rs = runs(regime, name)
-        if rs:
-            lines.append(row(name, rs, train_time))
+        es = entries(regime, name)
+        if es:
+            lines.append(row(name, es, train_time))
     return "\n".join(lines)
 
 
@@ -112,28 +204,33 @@ def regime_title(regime: str) -> str:
 
 
 def plot(suite: str, regime: str, names: list[str]) -> Path | None:
-    selected = [r for n in names for r in runs(regime, n)]
-    if not selected:
-        return None
+    """The suite's accuracy-vs-round plot; kept as it is when some of its runs are not archived."""
     path = DOCS / f"{suite}-{regime}.png"
+    rows = [entries(regime, n) for n in names]
+    selected = [e.run for es in rows for e in es if e.run is not None]
+    if not selected:
+        return path if path.exists() else None
+    if path.exists() and any(e.run is None for es in rows for e in es):
+        print(f"{path.name}: kept (some of its runs have only a summary)")
+        return path
     plot_accuracy(selected, path, title=f"{suite} suite, {regime} regime")
     return path
 
 
 def ratios(regime: str) -> str:
-    """FedLoRA against LG-FedAvg: client computation and communication."""
-    lo, lg = runs(regime, "fedlora"), runs(regime, "lgfedavg")
-    if not lo or not lg:
+    """FedLoRA against LG-FedAvg, client computation and communication, on matching seeds."""
+    lo = {e.seed: e for e in entries(regime, "fedlora") if e.train_time}
+    lg = {e.seed: e for e in entries(regime, "lgfedavg") if e.train_time}
+    seeds = sorted(lo.keys() & lg.keys())
+    if not seeds:
         return ""
-    t = statistics.fmean(mean_of_rounds(r, "client-train-time-s") for r in lo) / statistics.fmean(
-        mean_of_rounds(r, "client-train-time-s") for r in lg
+    t = statistics.fmean(lo[s].train_time or 0.0 for s in seeds) / statistics.fmean(
+        lg[s].train_time or 0.0 for s in seeds
     )
-    b = statistics.fmean(mean_of_rounds(r, "bytes-up-per-client") for r in lo) / statistics.fmean(
-        mean_of_rounds(r, "bytes-up-per-client") for r in lg
-    )
+    b = statistics.fmean(lo[s].up for s in seeds) / statistics.fmean(lg[s].up for s in seeds)
     return (
-        f"- {regime}: client train time fedlora / lgfedavg = **{t:.2f}×**, "
-        f"upload bytes fedlora / lgfedavg = **{b:.3f}×**"
+        f"- {regime} (seeds {', '.join(map(str, seeds))}): client train time per round "
+        f"fedlora / lgfedavg = **{t:.2f}×**, upload bytes fedlora / lgfedavg = **{b:.3f}×**"
     )
 
 
@@ -164,15 +261,25 @@ def section(suite: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+TIMINGS = ("overhead.json", "fedara-cost.json", "deployment.json", "profiles.json")
+
+
+def archive_timings() -> None:
+    """Copy the timing benchmarks' JSON from ``benchmarks/out`` to ``docs/results``."""
+    for name in TIMINGS:
+        if (OUT / name).exists():
+            (DOCS / name).write_text((OUT / name).read_text())
+
+
 def load(name: str) -> dict | list | None:
-    path = OUT / name
+    path = DOCS / name
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def overhead_section() -> str:
     doc = load("overhead.json")
     if not isinstance(doc, dict):
-        return "(not measured yet: `python benchmarks/overhead.py`)\n"
+        return ""
     med = doc["median-excluding-round-1"]
     return "\n".join(
         [
@@ -243,7 +350,7 @@ def fedara_cost_section() -> str:
 def profiles_section() -> str:
     rows = load("profiles.json")
     if not isinstance(rows, list):
-        return "(not measured yet: `python benchmarks/profiles.py`)\n"
+        return ""
     lines = [
         "| profile | algorithm | architecture | FedARA rank ratio | batch | threads | "
         "device | peak RSS of one training round (MB) | of which imports (MB) | round s here |",
@@ -280,7 +387,7 @@ def deployment_section() -> str:
             f"Deployment / simulation: **{doc['ratio-deployment-over-simulation']:.1f}×**. Where "
             "it goes: Flower 1.42 starts a fresh ClientApp process for every message (train and "
             "evaluate, per node), so each message pays, measured in fresh processes: "
-            f"Python start-up {pp['python-start-s']:.2f} s, imports of the ClientApp "
+            f"Python start-up {pp['python-start-s'] * 1000:.0f} ms, imports of the ClientApp "
             f"{pp['import-client-app-s']:.2f} s (of which torch {pp['import-torch-s']:.2f} s, "
             f"flwr {pp['import-flwr-s']:.2f} s), loading the "
             f"cached data share {pp['load-data-share-s'] * 1000:.0f} ms, building CNN-1 "
@@ -308,23 +415,41 @@ def main() -> None:
     ap.add_argument("--readme", action="store_true")
     args = ap.parse_args()
     DOCS.mkdir(parents=True, exist_ok=True)
+    print(f"archived {archive()} new or changed runs under {ARCHIVE.relative_to(ROOT)}")
+    archive_timings()
     sections = {suite: section(suite) for suite in SUITE_ROWS}
-    summary = {
-        s: {reg: {n: [r.summary for r in runs(reg, n)] for n in SUITE_ROWS[s]} for reg in REGIMES}
-        for s in SUITE_ROWS
+    names = {n for rows in SUITE_ROWS.values() for n in rows} | {
+        n for _, rows in ABLATIONS.values() for n in rows
     }
-    (DOCS / "accuracy-summary.json").write_text(json.dumps(summary, indent=1))
-    for text in sections.values():
-        print(text)
-    sections["overhead"] = overhead_section() + "\n" + fedara_cost_section()
+    summary = {
+        reg: {
+            n: [
+                {
+                    **{k: v for k, v in e.summary.items() if k != "nodes"},
+                    "seed": e.seed,
+                    "bytes-up-per-client-round": e.up,
+                    "bytes-down-per-client-round": e.down,
+                    "client-train-time-s": e.train_time,
+                }
+                for e in entries(reg, n)
+            ]
+            for n in sorted(names)
+        }
+        for reg in REGIMES
+    }
+    SUMMARY.write_text(json.dumps({"all": summary}, indent=1))
+    sections["overhead"] = overhead_section()
+    sections["fedara-cost"] = fedara_cost_section()
     sections["deployment"] = deployment_section()
     sections["profiles"] = profiles_section()
-    print(sections["overhead"], sections["deployment"], sections["profiles"], sep="\n")
+    for tag, text in sections.items():
+        print(text or f"({tag}: no measurement archived; README block left as it is)\n")
     if args.readme:
         readme = ROOT / "README.md"
         text = readme.read_text()
-        for suite, body in sections.items():
-            text = replace_block(text, suite, body)
+        for tag, body in sections.items():
+            if body:
+                text = replace_block(text, tag, body)
         readme.write_text(text)
 
 
