@@ -72,6 +72,8 @@ SUITES: dict[str, list[Spec]] = {
             )
             for lam in (0.0, 1.0, 10.0)
         ),
+        # the same without low-rank tiers: what the factorisation itself costs
+        Spec("fedara-tiers1", {"algorithm": "fedara", "fedara.rank-tiers": "1"}, ("scarce",)),
     ],
     "fedlora": [
         Spec("fedlora", {"algorithm": "fedlora"}),

@@ -31,7 +31,10 @@ SUITE_ROWS = {
     "fedlora": ["fedlora", "lgfedavg", "local"],
 }
 ABLATIONS = {
-    "fedara": ("λ (scarce)", ["fedara-lambda0", "fedara-lambda1", "fedara", "fedara-lambda10"]),
+    "fedara": (
+        "λ, and all clients at full rank (scarce)",
+        ["fedara-lambda0", "fedara-lambda1", "fedara", "fedara-lambda10", "fedara-tiers1"],
+    ),
     "fedlora": ("rank (scarce)", ["fedlora-rank2", "fedlora", "fedlora-rank32"]),
 }
 LABELS = {
@@ -40,6 +43,7 @@ LABELS = {
     "fedara-lambda0": "fedara λ=0",
     "fedara-lambda1": "fedara λ=1",
     "fedara-lambda10": "fedara λ=10",
+    "fedara-tiers1": "fedara, every client at rank ratio 1 (no factorisation), λ=2",
     "fedlora": "fedlora (r=8)",
     "fedlora-rank2": "fedlora r=2",
     "fedlora-rank32": "fedlora r=32",
