@@ -207,18 +207,19 @@ def regime_title(regime: str) -> str:
     )
 
 
-def plot(suite: str, regime: str, names: list[str]) -> Path | None:
-    """The suite's accuracy-vs-round plot; kept as it is when some of its runs are not archived."""
+def plot(suite: str, regime: str, names: list[str]) -> tuple[Path | None, list[str]]:
+    """The suite's accuracy-vs-round plot from the archived runs, and the rows it lacks.
+
+    A plot is kept as it is when the suite's own method has no archived run (its
+    curves could not be drawn again)."""
     path = DOCS / f"{suite}-{regime}.png"
-    rows = [entries(regime, n) for n in names]
-    selected = [e.run for es in rows for e in es if e.run is not None]
-    if not selected:
-        return path if path.exists() else None
-    if path.exists() and any(e.run is None for es in rows for e in es):
-        print(f"{path.name}: kept (some of its runs have only a summary)")
-        return path
+    rows = {n: entries(regime, n) for n in names}
+    if not any(e.run for e in rows[names[0]]):
+        return (path if path.exists() else None), []
+    selected = [e.run for es in rows.values() for e in es if e.run is not None]
     plot_accuracy(selected, path, title=f"{suite} suite, {regime} regime")
-    return path
+    missing = [n for n, es in rows.items() if es and any(e.run is None for e in es)]
+    return path, missing
 
 
 def ratios() -> list[str]:
@@ -258,9 +259,16 @@ def section(suite: str) -> str:
     ]
     for regime in REGIMES:
         out += [regime_title(regime), "", table(regime, SUITE_ROWS[suite], suite == "fedlora"), ""]
-        path = plot(suite, regime, SUITE_ROWS[suite])
+        path, missing = plot(suite, regime, SUITE_ROWS[suite])
         if path:
             out += [f"![{suite} {regime}]({path.relative_to(ROOT)})", ""]
+        if missing:
+            out += [
+                "The plot draws archived runs only; without (some of) their seeds: "
+                + ", ".join(f"`{n}`" for n in missing)
+                + " (runs made before runs were archived; their table rows come from the kept summaries).",
+                "",
+            ]
     if suite in ABLATIONS:
         title, names = ABLATIONS[suite]
         out += [f"Ablation, {title}:", "", table("scarce", names, suite == "fedlora"), ""]
