@@ -266,7 +266,8 @@ def section(suite: str) -> str:
             out += [
                 "The plot draws archived runs only; without (some of) their seeds: "
                 + ", ".join(f"`{n}`" for n in missing)
-                + " (runs made before runs were archived; their table rows come from the kept summaries).",
+                + " (runs made before runs were archived; their table rows come from the "
+                "kept summaries).",
                 "",
             ]
     if suite in ABLATIONS:
@@ -394,6 +395,13 @@ def profiles_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def small(seconds: float) -> str:
+    """A cost measured as a difference of process wall times: below 0.1 s it is noise."""
+    if seconds < 0.1:
+        return "too small to measure this way (under 0.1 s)"
+    return f"{seconds:.2f} s"
+
+
 def deployment_section() -> str:
     doc = load("deployment.json")
     if not isinstance(doc, dict):
@@ -417,8 +425,8 @@ def deployment_section() -> str:
             f"Python start-up {pp['python-start-s'] * 1000:.0f} ms, imports of the ClientApp "
             f"{pp['import-client-app-s']:.2f} s (of which torch {pp['import-torch-s']:.2f} s, "
             f"flwr {pp['import-flwr-s']:.2f} s), loading the "
-            f"cached data share {pp['load-data-share-s'] * 1000:.0f} ms, building CNN-1 "
-            f"{pp['build-cnn1-s'] * 1000:.0f} ms; the rest is the SuperNode/SuperExec polling "
+            f"cached data share {small(pp['load-data-share-s'])}, building CNN-1 "
+            f"{small(pp['build-cnn1-s'])}; the rest is the SuperNode/SuperExec polling "
             "and the TLS round trips. Reduced here: torchvision is imported only when a "
             f"torchvision architecture is built (it cost {pp['import-torchvision-extra-s']:.2f} s "
             "per message), matplotlib only when plotting, partitions are cached on disk. "
