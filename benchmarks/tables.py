@@ -9,6 +9,7 @@ Only complete runs are used; a row says how many seeds it has.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import re
@@ -91,6 +92,7 @@ def archive() -> int:
     return copied
 
 
+@functools.cache
 def archived(regime: str, name: str) -> list[Run]:
     runs = []
     for path in sorted((ARCHIVE / regime / name).glob("seed*.json.gz")):
@@ -104,7 +106,8 @@ def mean_of_rounds(run: Run, key: str) -> float:
     return statistics.fmean(vals) if vals else 0.0
 
 
-def _previous_summaries() -> dict[tuple[str, str], list[dict[str, Any]]]:
+@functools.cache
+def previous_summaries() -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Per-seed summaries kept by an earlier call, for runs whose raw files are gone."""
     if not SUMMARY.exists():
         return {}
@@ -117,15 +120,12 @@ def _previous_summaries() -> dict[tuple[str, str], list[dict[str, Any]]]:
     return found
 
 
-PREVIOUS = _previous_summaries()
-
-
 def entries(regime: str, name: str) -> list[Entry]:
     """Every seed of a row; an archived run wins over a kept summary of the same seed."""
     out: dict[int, Entry] = {}
     seeds = REGIMES[regime]["seeds"]
     per_round = ROUNDS * REGIMES[regime]["clients"]
-    kept = PREVIOUS.get((regime, name), [])
+    kept = previous_summaries().get((regime, name), [])
     for i, item in enumerate(kept):
         if "seed" in item:
             seed = int(item["seed"])
@@ -450,6 +450,7 @@ def main() -> None:
     ap.add_argument("--readme", action="store_true")
     args = ap.parse_args()
     DOCS.mkdir(parents=True, exist_ok=True)
+    previous_summaries()  # read before this call rewrites the file
     print(f"archived {archive()} new or changed runs under {ARCHIVE.relative_to(ROOT)}")
     archive_timings()
     sections = {suite: section(suite) for suite in SUITE_ROWS}
