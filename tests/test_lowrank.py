@@ -32,6 +32,7 @@ from models.lowrank_state import (
     factors_to_state,
     lowrank_state_keys,
     reconstruct_state,
+    weighted_reconstruction,
 )
 
 SHAPES = [(20, 7), (7, 20), (8, 3, 3, 3), (6, 16, 5, 5), (32, 16, 5, 5), (5, 4, 1, 1)]
@@ -409,3 +410,33 @@ def test_top_svd_of_a_rank_deficient_matrix_has_zero_tail() -> None:
     p, s, qt = top_svd(w, 10)
     assert (s[3:] == 0).all() and torch.isfinite(p).all() and torch.isfinite(qt).all()
     torch.testing.assert_close(p * s @ qt, w, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("chunk_rank", [1, 7, 4096])
+def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(chunk_rank: int) -> None:
+    """Mixed tiers of a conv + linear extractor, any chunking of the stacked
+    factors: the sample-weighted mean of the per-client reconstructions, and the
+    clients' states are left as they were."""
+    extractor = _extractor("fedavgcnn")
+    layers = factorisable_layers(extractor)
+    gen = torch.Generator().manual_seed(11)
+    states, weights = [], [3.0, 1.0, 5.0, 2.0]
+    for i, ratio in enumerate((1.0, 0.5, 0.125, 0.5)):
+        noisy = {
+            k: v + 0.01 * torch.randn(v.shape, generator=gen)
+            for k, v in extractor.state_dict().items()
+        }
+        state = decompose_state(noisy, layers, ratio)
+        if i == 3:
+            state = {k: v.double() for k, v in state.items()}  # any float dtype
+        states.append(state)
+    before = [{k: v.clone() for k, v in st.items()} for st in states]
+    got = weighted_reconstruction(states, weights, layers, chunk_rank=chunk_rank)
+    full = [reconstruct_state(st, layers) for st in states]
+    assert list(got) == list(extractor.state_dict())
+    for key, value in got.items():
+        want = sum(f[key].double() * w for f, w in zip(full, weights, strict=True)) / sum(weights)
+        assert value.dtype == torch.float64 and value.shape == want.shape
+        torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-6)  # float32 products
+    for st, kept in zip(states, before, strict=True):
+        assert all(torch.equal(st[k], kept[k]) for k in st)
