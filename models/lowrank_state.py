@@ -173,21 +173,18 @@ def weighted_reconstruction(
     if not states or total <= 0:
         raise ValueError("need at least one state and a positive total weight")
     acc: dict[str, Tensor] = {}
-    stacks: dict[str, list[tuple[Tensor, Tensor, float]]] = {name: [] for name in layers}
+    stacks: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in layers}
 
     def add(key: str, value: Tensor, w: float) -> None:
-        term = value.to(torch.float64, copy=True).mul_(w)
-        if key in acc:
-            acc[key].add_(term)
-        else:
-            acc[key] = term
+        term = value.double() * w
+        acc[key] = acc[key] + term if key in acc else term
 
     for state, weight in zip(states, weights, strict=True):
         w = float(weight) / total
         factorised = {n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in state}
         for layer in factorised:
             u, v = factors_from_state(state, layer, layers[layer])
-            stacks[layer].append((u, v, w))
+            stacks[layer].append((u.float() * w, v.float()))
             lowrank_bias, bias = _bias_keys(layer, layers[layer])
             if lowrank_bias in state:
                 add(bias, state[lowrank_bias], w)
@@ -195,31 +192,22 @@ def weighted_reconstruction(
             owner = _layer_of(key, layers)
             if owner is None or owner not in factorised:
                 add(key, value, w)
-    for layer, triples in stacks.items():
-        for u, v in _chunks(triples, chunk_rank):
-            add(f"{layer}.weight", reconstruct(u, v, layers[layer]), 1.0)
+    for layer, pairs in stacks.items():
+        for u, v in _chunks(pairs, chunk_rank):
+            key = f"{layer}.weight"
+            add(key, reconstruct(u, v, layers[layer]), 1.0)
     return acc
 
 
-def _chunks(
-    triples: list[tuple[Tensor, Tensor, float]], limit: int
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Column-stack ``(U, V, w)`` into ``([w U], [V])`` products of at most ``limit``
-    total rank, written straight into the stacked float32 matrices."""
-    start = 0
-    while start < len(triples):
-        stop, size = start + 1, triples[start][0].shape[1]
-        while stop < len(triples) and size + triples[stop][0].shape[1] <= limit:
-            size += triples[stop][0].shape[1]
-            stop += 1
-        batch = triples[start:stop]
-        u_cat = torch.empty(batch[0][0].shape[0], size)
-        v_cat = torch.empty(batch[0][1].shape[0], size)
-        col = 0
-        for u, v, w in batch:
-            r = u.shape[1]
-            torch.mul(u.float(), w, out=u_cat[:, col : col + r])
-            v_cat[:, col : col + r] = v
-            col += r
-        yield u_cat, v_cat
-        start = stop
+def _chunks(pairs: list[tuple[Tensor, Tensor]], limit: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Column-stack factor pairs into products of at most ``limit`` total rank."""
+    batch: list[tuple[Tensor, Tensor]] = []
+    size = 0
+    for u, v in pairs:
+        if batch and size + u.shape[1] > limit:
+            yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
+            batch, size = [], 0
+        batch.append((u, v))
+        size += u.shape[1]
+    if batch:
+        yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
