@@ -57,6 +57,7 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
             "train-loss": stats.loss,
             "train-time-s": stats.seconds,
             "rounds-trained": run.rounds_trained,
+            **run.metrics,
         }
     )
     return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}), reply_to=msg)

@@ -28,7 +28,15 @@ from common.config import ConfigError, DataConfig, RunConfig, Scalar, parse_run_
 from common.records import to_record, to_torch
 from data import ClientData, load_client_data, load_global_test, load_local_data
 from models import HetNet, arch_for_partition, build_model, natural_dim
-from models.train import EvalStats, ExtraLoss, SGDSettings, TrainStats, evaluate, train
+from models.train import (
+    AfterStep,
+    EvalStats,
+    ExtraLoss,
+    SGDSettings,
+    TrainStats,
+    evaluate,
+    train,
+)
 
 MODEL_KEY = "fedhet.model"
 """``context.state`` key of the personal model's state dict."""
@@ -131,6 +139,8 @@ class ClientRun:
     """What the server sent with this message, by name (set by the handler)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """Per-message facts a hook derives once (e.g. FedARA's tier)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Diagnostics a hook measures; sent with the training reply's metrics."""
 
     def generator(self, purpose: int = 0) -> torch.Generator:
         """A generator seeded by (seed, round, partition, purpose)."""
@@ -259,6 +269,10 @@ class ClientHook:
         """A loss term added to cross-entropy (default: none)."""
         return None
 
+    def after_step(self, run: ClientRun) -> AfterStep | None:
+        """Called after every optimiser step (default: none)."""
+        return None
+
     def train(self, run: ClientRun) -> TrainStats:
         """Local training with the shared loop."""
         return train(
@@ -268,6 +282,7 @@ class ClientHook:
             run.sgd,
             run.generator(),
             extra_loss=self.extra_loss(run),
+            after_step=self.after_step(run),
         )
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
@@ -296,6 +311,7 @@ def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
     """This node's self-description for the server's ``query.profile``."""
     run = open_run(context, 0, hook)
     counts = [int(c) for c in run.data.train_class_counts]
+    test_counts = torch.bincount(run.data.y_test, minlength=run.data.num_classes)
     return ConfigRecord(
         {
             **hook.profile(run),
@@ -306,6 +322,7 @@ def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
             "num-classes": run.data.num_classes,
             "feature-dim": run.model.feature_dim,
             "class-counts": counts,
+            "test-class-counts": [int(c) for c in test_counts],
             "in-channels": run.data.in_channels,
             "image-size": run.data.image_size,
             "small-stem": int(run.cfg.model.small_input_stem),

@@ -3,6 +3,8 @@ consistency anchors from the received (frozen) extractor, Frobenius decay."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,7 +13,7 @@ from client_app.base import ClientHook, ClientRun
 from common.config import RunConfig, Scalar
 from models import family_archs
 from models.lowrank import LowRankConv2d, LowRankLinear, default_layers, factorise
-from models.train import ExtraLoss, class_means
+from models.train import AfterStep, ExtraLoss, class_means, logits_and_reps
 
 EXTRACTOR = "extractor."
 
@@ -43,20 +45,83 @@ def anchor_weight(cfg: RunConfig, server_round: int) -> float:
     return cfg.fedara.lam * ramp
 
 
+def factor_pairs(extractor: nn.Module) -> list[tuple[Tensor, Tensor]]:
+    """``(U, V)`` of every factorised layer (differentiable views of the parameters)."""
+    pairs = []
+    for module in extractor.modules():
+        if isinstance(module, LowRankLinear):
+            pairs.append((module.u, module.v))
+        elif isinstance(module, LowRankConv2d):
+            pairs.append((module.factor_u(), module.factor_v()))
+    return pairs
+
+
+def factor_parameters(extractor: nn.Module) -> list[nn.Parameter]:
+    """The parameters holding the factors of every factorised layer."""
+    params: list[nn.Parameter] = []
+    for module in extractor.modules():
+        if isinstance(module, LowRankLinear):
+            params += [module.u, module.v]
+        elif isinstance(module, LowRankConv2d):
+            params += [module.u_conv.weight, module.v_conv.weight]
+    return params
+
+
 def frobenius_sq(extractor: nn.Module) -> Tensor:
     """Σ_q ‖U_q V_qᵀ‖²_F = Σ_q tr((U_qᵀU_q)(V_qᵀV_q)), without forming U Vᵀ."""
     total = torch.zeros(())
-    for module in extractor.modules():
-        u: Tensor
-        v: Tensor
-        if isinstance(module, LowRankLinear):
-            u, v = module.u, module.v
-        elif isinstance(module, LowRankConv2d):
-            u, v = module.factor_u(), module.factor_v()
-        else:
-            continue
+    for u, v in factor_pairs(extractor):
         total = total.to(u.device) + ((u.T @ u) * (v.T @ v)).sum()
     return total
+
+
+def anchor_loss(reps: Tensor, targets: Tensor, reduction: str) -> Tensor:
+    """L_FAC of a batch: ``mean`` = MSE over all elements (``F.mse_loss``); ``sum`` =
+    squared L2 distance per sample, averaged over the batch (d × ``mean``)."""
+    sq = (reps - targets).square()
+    return sq.mean() if reduction == "mean" else sq.sum(1).mean()
+
+
+def decay_step(extractor: nn.Module, factor: float) -> None:
+    """One gradient step on ``factor · Σ_q ‖U_q V_qᵀ‖²_F`` alone:
+    ``U ← U − 2·factor·U(VᵀV)``, ``V ← V − 2·factor·V(UᵀU)`` (simultaneous).
+
+    ``factor = lr · μ · s`` stands for the decay term of ``s`` SGD steps applied at
+    once: O((m + n) r²) once instead of on every step."""
+    params = factor_parameters(extractor)
+    if not params:
+        return
+    with torch.enable_grad():
+        grads = torch.autograd.grad(factor * frobenius_sq(extractor), params)
+    with torch.no_grad():
+        for p, g in zip(params, grads, strict=True):
+            p.sub_(g)
+
+
+def gradient_ratio(run: ClientRun, anchors: Tensor, lam: float) -> float:
+    """‖∇ λ_t·L_FAC‖ / ‖∇ CE‖ over the extractor's parameters on the first training
+    batch (eval mode, so no BatchNorm statistic moves); how strong the anchor term is."""
+    model = run.model
+    params = [p for p in model.extractor.parameters() if p.requires_grad]
+    batch = slice(0, run.sgd.batch_size)
+    device = next(model.parameters()).device
+    x, y = run.data.x_train[batch].to(device), run.data.y_train[batch].to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            reps, logits = logits_and_reps(model, x)
+            ce = F.cross_entropy(logits, y)
+            fac = lam * anchor_loss(reps, anchors.to(device)[y], run.cfg.fedara.anchor_reduction)
+            g_ce = torch.autograd.grad(ce, params, retain_graph=True, allow_unused=True)
+            g_fac = torch.autograd.grad(fac, params, allow_unused=True)
+    finally:
+        model.train(was_training)
+
+    def norm(gs: tuple[Tensor | None, ...]) -> float:
+        return math.sqrt(sum(float(g.square().sum()) for g in gs if g is not None))
+
+    return norm(g_fac) / max(norm(g_ce), 1e-30)
 
 
 class FedARAHook(ClientHook):
@@ -92,19 +157,40 @@ class FedARAHook(ClientHook):
         return {"rank-ratio": ratio, "layers": ",".join(layers)}
 
     def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
+        """λ_t·L_FAC against anchors of the received extractor (none in round 1).
+
+        Anchors are computed here, once, before the first training step; the
+        gradient ratio of the first batch goes to the reply's metrics."""
         lam = anchor_weight(run.cfg, run.server_round)
-        mu = run.cfg.fedara.frobenius_decay
-        anchors = anchors_of(run)[0] if lam > 0 else None
-        extractor = run.model.extractor
+        run.metrics.update({"rank-ratio": run.notes["tier"][0], "anchor-weight": lam})
+        if lam <= 0:
+            return None
+        anchors = anchors_of(run)[0]
+        run.metrics["anchor-grad-ratio"] = gradient_ratio(run, anchors, lam)
+        reduction = run.cfg.fedara.anchor_reduction
 
         def loss(reps: Tensor, logits: Tensor, y: Tensor) -> Tensor:
-            total = mu * frobenius_sq(extractor) if mu > 0 else reps.sum() * 0.0
-            if anchors is not None:
-                target = anchors.to(reps.device)[y]
-                total = total + lam * F.mse_loss(reps, target)
-            return total
+            return lam * anchor_loss(reps, anchors.to(reps.device)[y], reduction)
 
         return loss
+
+    def after_step(self, run: ClientRun) -> AfterStep | None:
+        """Frobenius decay μ·Σ‖U Vᵀ‖²_F, applied every ``fedara.decay-every`` steps
+        (0: at the end of each epoch) as one step for the steps since the last."""
+        mu, every = run.cfg.fedara.frobenius_decay, run.cfg.fedara.decay_every
+        extractor = run.model.extractor
+        if mu <= 0 or not factor_parameters(extractor):
+            return None
+        pending = 0
+
+        def step(epoch_end: bool) -> None:
+            nonlocal pending
+            pending += 1
+            if epoch_end or (every > 0 and pending >= every):
+                decay_step(extractor, run.sgd.lr * mu * pending)
+                pending = 0
+
+        return step
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         return {k: v for k, v in run.model.state_dict().items() if k.startswith(EXTRACTOR)}

@@ -146,6 +146,16 @@ class FedARAConfig(_Section):
     lam: float = Field(2.0, ge=0, alias="lambda")
     warmup_rounds: int = Field(10, ge=0)
     frobenius_decay: float = Field(1e-3, ge=0)
+    decay_every: int = Field(0, ge=0)
+    """Apply the Frobenius decay as one closed-form step every this many SGD steps
+    (with weight μ·steps); 0 = once at the end of every epoch."""
+    aggregation: Literal["reconstruct", "delta"] = "delta"
+    """``reconstruct``: sample-weighted mean of the reconstructed uploads (the
+    paper's text); ``delta``: the global plus the weighted mean of each client's
+    change to what its tier was served."""
+    anchor_reduction: Literal["mean", "sum"] = "sum"
+    """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
+    sample, averaged over the batch (d times ``mean``)."""
 
     @field_validator("rank_tiers")
     @classmethod

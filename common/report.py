@@ -134,6 +134,15 @@ def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
                 color=line.get_color(),
                 alpha=0.2,
             )
+    priors = [r.summary["accuracy-prior"] for r in runs if r.summary.get("accuracy-prior")]
+    if priors:
+        ax.axhline(
+            statistics.fmean(priors),
+            linestyle="--",
+            color="gray",
+            linewidth=1,
+            label="accuracy-prior (each client predicts its majority class)",
+        )
     ax.set_xlabel("round")
     ax.set_ylabel("personalized accuracy (Σcorrect/Σsamples)")
     if title:

@@ -37,6 +37,7 @@ __all__ = [
     "factors_to_state",
     "lowrank_state_keys",
     "reconstruct_state",
+    "served_residual",
     "weighted_reconstruction",
 ]
 
@@ -167,7 +168,9 @@ def weighted_reconstruction(
     ``Σ_k w_k U_k V_kᵀ`` is one product of the column-stacked ``[w_k U_k]`` and
     ``[V_k]`` (in chunks of at most ``chunk_rank`` columns): the same arithmetic as
     reconstructing client by client, in a few large matrix products, and without
-    holding every client's full-rank weights in memory. Accumulates in float64.
+    holding every client's full-rank weights in memory. The stacked products run in
+    float32 (the factors' dtype); their results and every other term are summed in
+    float64, which is the dtype of the returned tensors.
     """
     total = float(sum(weights))
     if not states or total <= 0:
@@ -211,3 +214,26 @@ def _chunks(pairs: list[tuple[Tensor, Tensor]], limit: int) -> Iterator[tuple[Te
         size += u.shape[1]
     if batch:
         yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
+
+
+def served_residual(
+    full: Mapping[str, Tensor],
+    served: Mapping[str, Tensor],
+    layers: Mapping[str, tuple[int, ...]],
+) -> dict[str, Tensor]:
+    """``W − U Vᵀ`` (float64) of every layer that ``served`` holds as factors.
+
+    ``full`` is the full-rank state a tier's ``served`` state was decomposed from;
+    ``U Vᵀ`` is formed in float64 from the float32 factors that were actually sent,
+    so adding the residual to what the tier returns gives back ``W`` exactly when
+    the client returned what it was served. Layers served full have no residual
+    (served = global there) and are not listed.
+    """
+    out: dict[str, Tensor] = {}
+    for layer, shape in layers.items():
+        if lowrank_state_keys(layer, shape)[0] not in served:
+            continue
+        u, v = factors_from_state(served, layer, shape)
+        key = f"{layer}.weight"
+        out[key] = full[key].double() - reconstruct(u.double(), v.double(), shape)
+    return out

@@ -16,6 +16,9 @@ from torch import Tensor, nn
 
 ExtraLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
 """``extra_loss(reps, logits, y) -> scalar`` added to the cross-entropy of a batch."""
+AfterStep = Callable[[bool], None]
+"""``after_step(epoch_end)``: called after every optimiser step; ``epoch_end`` is True
+after the last step of an epoch."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ def train(
     *,
     params: Iterable[nn.Parameter] | None = None,
     extra_loss: ExtraLoss | None = None,
+    after_step: AfterStep | None = None,
+    frozen: Iterable[nn.Module] = (),
 ) -> TrainStats:
     """Train ``model`` in place with SGD on ``(x, y)``; return statistics.
 
@@ -78,6 +83,11 @@ def train(
         Parameters not listed keep their values bit for bit.
     extra_loss
         Added to the cross-entropy of every batch.
+    after_step
+        Called after every optimiser step (e.g. an amortised regulariser step).
+    frozen
+        Modules kept in eval mode while the rest trains (BatchNorm statistics and
+        dropout of a frozen part must not change either).
     generator
         Seeds the shuffling: the same generator state gives the same batches.
     """
@@ -92,6 +102,8 @@ def train(
     )
     device = next(model.parameters()).device
     model.train()
+    for module in frozen:
+        module.eval()
     start, total, steps, n = time.perf_counter(), 0.0, 0, len(y)
     for _ in range(settings.epochs):
         order = torch.randperm(n, generator=generator)
@@ -105,6 +117,8 @@ def train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if after_step is not None:
+                after_step(i + settings.batch_size >= n)
             total += float(loss.detach())
             steps += 1
     return TrainStats(

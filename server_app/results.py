@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy
 
 from common.config import RunConfig, flatten
 from common.records import content_bytes
-from strategies.base import HeteroStrategy
+from strategies.base import HeteroStrategy, NodeInfo
 
 
 def versions() -> dict[str, str]:
@@ -45,6 +45,19 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def accuracy_prior(nodes: Iterable[NodeInfo]) -> float | None:
+    """The trivial personalized predictor's accuracy: every client predicts its
+    majority training class; Σ_k (test samples of that class) / Σ_k test samples."""
+    hits = total = 0
+    for n in nodes:
+        if not n.test_class_counts or not n.class_counts:
+            return None
+        majority = max(range(len(n.class_counts)), key=lambda c: (n.class_counts[c], -c))
+        hits += n.test_class_counts[majority]
+        total += sum(n.test_class_counts)
+    return hits / total if total else None
 
 
 class Recorded(Strategy):
@@ -190,6 +203,7 @@ class Recorded(Strategy):
                 "accuracy-last": evaluated[-1]["accuracy"] if evaluated else None,
                 "accuracy-best": best["accuracy"] if best else None,
                 "best-round": best["round"] if best else None,
+                "accuracy-prior": accuracy_prior(self.inner.nodes.values()),
                 "bytes-up-total": sum(r["bytes-up"] for r in self.rounds),
                 "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
                 "wall-time-s": time.perf_counter() - self._start,

@@ -7,7 +7,7 @@ import torch
 
 from common.records import Arrays, shapes
 from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_threads
-from models.lowrank_state import decompose_state, weighted_reconstruction
+from models.lowrank_state import decompose_state, served_residual, weighted_reconstruction
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 EXTRACTOR = "extractor."
@@ -22,7 +22,12 @@ class FedARA(HeteroStrategy):
     factorised layers, full weights for the others (rank ratio 1: the full
     extractor). The client installs it, computes anchors from it (round ≥ 2), trains
     extractor + personal head, and replies with its extractor in the same keys and
-    shapes. Server: reconstruct each reply to full rank, sample-weighted mean.
+    shapes. Server (``fedara.aggregation``): ``reconstruct`` — reconstruct each reply
+    to full rank, sample-weighted mean ``Σ_k w_k U'_k V'_kᵀ``; ``delta`` — the global
+    plus the sample-weighted mean of each reply's change to what its tier was served,
+    ``W + Σ_k w_k (U'_k V'_kᵀ − U_k V_kᵀ)`` (equal to ``reconstruct`` plus
+    ``Σ_t w_t (W − U_t V_tᵀ)``, one product per tier; full layers and biases: the
+    plain weighted mean in both rules).
     Decomposition (truncated SVD, balanced split) runs once per distinct tier per
     global state and is shared by every node of the tier. Nodes report their tier
     in ``query.profile`` (``rank-ratio``, ``layers``); all must share one base
@@ -55,10 +60,10 @@ class FedARA(HeteroStrategy):
             for k, v in model.extractor.state_dict().items()
         }
 
-    def _extractor(self) -> dict[str, torch.Tensor]:
-        return {
-            k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in self.global_arrays.items()
-        }
+    def _extractor(self, arrays: Arrays | None = None) -> dict[str, torch.Tensor]:
+        """``arrays`` (default: the global state) as an extractor state dict."""
+        source = self.global_arrays if arrays is None else arrays
+        return {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in source.items()}
 
     def served(self, tier: Tier) -> Arrays:
         """The global extractor decomposed for ``tier`` (cached per global state)."""
@@ -95,14 +100,30 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        states = [
-            {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in u.arrays.items()}
-            for u in uploads
-        ]
-        mean = weighted_reconstruction(states, [u.num_examples for u in uploads], self.layer_shapes)
+        states = [self._extractor(u.arrays) for u in uploads]
+        weights = [u.num_examples for u in uploads]
+        mean = weighted_reconstruction(states, weights, self.layer_shapes)
+        if self.cfg.fedara.aggregation == "delta":
+            self._add_served_residuals(mean, uploads, float(sum(weights)))
         self._served, self._svds = {}, {}  # new global state: decompose again on demand
         self.version += 1
         return {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
             for key in self.global_arrays
         }
+
+    def _add_served_residuals(
+        self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
+    ) -> None:
+        """``mean += Σ_t w_t (W − U_t V_tᵀ)`` over the truncated tiers that replied
+        (``w_t``: the tier's share of the replies' samples)."""
+        shares: dict[Tier, float] = {}
+        for u in uploads:
+            tier = self.tier(u.node)
+            if tier[0] < 1:
+                shares[tier] = shares.get(tier, 0.0) + u.num_examples / total
+        full = self._extractor()
+        for tier, share in sorted(shares.items()):
+            served = self._extractor(self.served(tier))
+            for key, residual in served_residual(full, served, self.layer_shapes).items():
+                mean[key] += share * residual

@@ -29,6 +29,7 @@ class NodeInfo:
     feature_dim: int
     class_counts: tuple[int, ...]
     extras: dict[str, float | int | str] = field(default_factory=dict)
+    test_class_counts: tuple[int, ...] = ()
 
     @classmethod
     def from_metrics(cls, node_id: int, cfg: ConfigRecord) -> NodeInfo:
@@ -42,6 +43,7 @@ class NodeInfo:
             num_classes=int(cfg["num-classes"]),  # type: ignore[arg-type]
             feature_dim=int(cfg["feature-dim"]),  # type: ignore[arg-type]
             class_counts=tuple(int(c) for c in cfg["class-counts"]),  # type: ignore[union-attr]
+            test_class_counts=tuple(int(c) for c in cfg.get("test-class-counts", [])),  # type: ignore[union-attr]
             extras={k: v for k, v in cfg.items() if k not in known},  # type: ignore[misc]
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,11 @@ import torch
 import strategies.fedara as fedara_module
 from client_app.app import HOOKS
 from client_app.base import open_run
-from client_app.fedara import anchor_weight, anchors_of
+from client_app.fedara import anchor_loss, anchor_weight, decay_step, frobenius_sq
 from common.config import parse_run_config
 from common.records import to_numpy
 from models import build_model
-from models.lowrank import factorisable_layers, layer_rank, param_count, reconstruct
+from models.lowrank import factorisable_layers, layer_rank, param_count
 from strategies.fedara import FedARA
 from tests.replies import node, reply, strategy
 from tests.support import client_context, run_inprocess
@@ -81,38 +82,77 @@ def test_payload_shapes_follow_the_rank_rule() -> None:
     assert "extractor.fc1.weight" not in payload
 
 
-def test_aggregation_of_reconstructions_is_the_weighted_mean() -> None:
-    s = fedara([0.5, 0.125, 1.0])
-    rng = np.random.default_rng(0)
-    uploads, full, weights = [], [], [30, 50, 20]
-    for nid in (100, 101, 102):
+def _random_uploads(s: FedARA, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for nid in sorted(s.nodes):
         shape = {k: v.shape for k, v in s.payload(1, s.nodes[nid]).items()}
-        up = {k: rng.normal(size=sh).astype(np.float32) for k, sh in shape.items()}
-        uploads.append(up)
-        rebuilt = {}
-        for k, v in up.items():
-            if k.endswith(".u"):
-                layer = k.removesuffix(".u")
-                w = reconstruct(
-                    torch.from_numpy(v),
-                    torch.from_numpy(up[layer + ".v"]),
-                    s.global_arrays[layer + ".weight"].shape,
-                )
-                rebuilt[layer + ".weight"] = w.numpy()
-            elif not k.endswith(".v"):
-                rebuilt[k] = v
-        full.append(rebuilt)
+        out.append({k: rng.normal(size=sh).astype(np.float32) for k, sh in shape.items()})
+    return out
+
+
+def _rebuilt(s: FedARA, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Full-rank version of a (possibly factorised) state, in float64 numpy."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".u"):
+            layer = k.removesuffix(".u")
+            out[layer + ".weight"] = v.astype(np.float64) @ state[layer + ".v"].astype(np.float64).T
+        elif not k.endswith(".v"):
+            out[k] = v.astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("rule", ["reconstruct", "delta"])
+def test_aggregation_rules_against_their_closed_forms(rule: str) -> None:
+    s = fedara([0.5, 0.125, 1.0], **{"fedara.aggregation": rule})
+    old = {k: v.astype(np.float64) for k, v in s.global_arrays.items()}
+    served = [_rebuilt(s, s.payload(1, s.nodes[nid])) for nid in (100, 101, 102)]
+    uploads, weights = _random_uploads(s), [30, 50, 20]
+    full = [_rebuilt(s, up) for up in uploads]
     arrays, _ = s.aggregate_train(
-        1, [reply(n, u, w) for n, u, w in zip((100, 101, 102), uploads, weights, strict=False)]
+        1, [reply(n, u, w) for n, u, w in zip((100, 101, 102), uploads, weights, strict=True)]
     )
     got = to_numpy(arrays)
-    assert set(got) == set(s.global_arrays)
+    assert set(got) == set(old)
     for k in got:
-        want = sum(f[k].astype(np.float64) * w for f, w in zip(full, weights, strict=False)) / 100
+        recon = sum(f[k] * w for f, w in zip(full, weights, strict=True)) / 100
+        if rule == "reconstruct":  # Σ_k w_k U'_k V'_kᵀ
+            want = recon
+        else:  # W + Σ_k w_k (U'_k V'_kᵀ − U_k V_kᵀ)
+            delta = sum((f[k] - sv[k]) * w for f, sv, w in zip(full, served, weights, strict=True))
+            want = old[k] + delta / 100
         np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-4)  # float32 GEMMs
     # U V^T of a balanced split, checked once by hand for fc2 of node 101
     u, v = uploads[1]["extractor.fc2.u"], uploads[1]["extractor.fc2.v"]
     np.testing.assert_allclose(full[1]["extractor.fc2.weight"], u @ v.T, rtol=1e-4, atol=1e-5)
+
+
+def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
+    """Every node returns exactly its tier's factors: ``delta`` keeps the global (to
+    float tolerance); ``reconstruct`` replaces it by the mean of the truncations,
+    shrinking every direction a low tier cannot hold (documented, not a bug)."""
+    moved = {}
+    for rule in ("delta", "reconstruct"):
+        s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **{"fedara.aggregation": rule})
+        old = {k: v.copy() for k, v in s.global_arrays.items()}
+        replies = [reply(nid, s.payload(1, s.nodes[nid]), 40 + nid) for nid in sorted(s.nodes)]
+        arrays, _ = s.aggregate_train(1, replies)
+        got = to_numpy(arrays)
+        w = "extractor.fc1.weight"
+        moved[rule] = float(np.linalg.norm(got[w] - old[w]) / np.linalg.norm(old[w]))
+        if rule == "delta":
+            for k in old:
+                np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
+        else:
+            for k in old:
+                if not k.endswith(".weight") or k.removesuffix(".weight") not in (
+                    "extractor.fc1",
+                    "extractor.fc2",
+                ):
+                    np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
+    assert moved["delta"] < 1e-6
+    assert moved["reconstruct"] > 0.3  # a fresh fc1 loses most of its energy
 
 
 @pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
@@ -150,38 +190,97 @@ def _client_run(tmp_path: Path, server_round: int, pid: int = 1, **cfg):  # type
     return open_run(ctx, server_round, HOOKS["fedara"])
 
 
-def test_anchors_are_class_means_of_the_frozen_received_extractor(
-    tmp_path: Path,
-) -> None:
-    run = _client_run(tmp_path, server_round=3)
-    anchors, counts = anchors_of(run)
-    model = run.model.eval()
+def _install_served(run) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Install a known, random 'served' extractor at the run's tier; return it."""
+    gen = torch.Generator().manual_seed(7)
+    served = {
+        k: torch.randn(v.shape, generator=gen) * 0.05
+        for k, v in run.model.state_dict().items()
+        if k.startswith("extractor.")
+    }
+    HOOKS["fedara"].install(run, served)
+    return served
+
+
+def test_anchors_are_class_means_under_the_received_extractor(tmp_path: Path) -> None:
+    """Anchors are fixed from what the server sent: changing the extractor during
+    training does not move them."""
+    run = _client_run(tmp_path, server_round=3, pid=2)  # tier 0.25
+    served = _install_served(run)
+    reference = copy.deepcopy(run.model).eval()
+    loss = HOOKS["fedara"].extra_loss(run)  # anchors computed here
+    with torch.no_grad():  # "training" moves the extractor afterwards
+        for p in run.model.extractor.parameters():
+            p.add_(torch.randn_like(p))
     with torch.no_grad():
-        reps = model.features(run.data.x_train).numpy().astype(np.float64)
-    y = run.data.y_train.numpy()
-    for c in range(run.data.num_classes):
-        if (y == c).any():
-            np.testing.assert_allclose(
-                anchors[c].numpy(), reps[y == c].mean(0), rtol=1e-4, atol=1e-5
-            )
-            assert counts[c] == (y == c).sum()
-        else:
-            assert counts[c] == 0
+        reps = reference.features(run.data.x_train).double()
+    y = run.data.y_train
+    present = [c for c in range(run.data.num_classes) if bool((y == c).any())]
+    anchors = torch.zeros(run.data.num_classes, reps.shape[1], dtype=torch.float64)
+    for c in present:
+        anchors[c] = reps[y == c].mean(0)
+    batch = torch.randn(6, reps.shape[1])
+    yb = torch.tensor(present[:1] * 3 + present[-1:] * 3)
+    lam = anchor_weight(run.cfg, 3)
+    want = lam * ((batch.double() - anchors[yb]) ** 2).sum(1).mean()  # default 'sum'
+    assert float(loss(batch, torch.zeros(6, 10), yb)) == pytest.approx(float(want), rel=1e-4)
+    assert set(served) == {k for k in run.received or served}
+
+
+@pytest.mark.parametrize(("reduction", "want"), [("mean", 18 / 4), ("sum", (5 + 13) / 2)])
+def test_anchor_loss_of_a_hand_built_batch(reduction: str, want: float) -> None:
+    reps = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    targets = torch.tensor([[0.0, 0.0], [1.0, 1.0]])  # squared errors [[1, 4], [4, 9]]
+    assert float(anchor_loss(reps, targets, reduction)) == pytest.approx(want)
+
+
+def test_gradient_ratio_under_sum_is_d_times_the_mean_one(tmp_path: Path) -> None:
+    ratios = {}
+    for reduction in ("mean", "sum"):
+        run = _client_run(tmp_path, 5, pid=1, **{"fedara.anchor-reduction": reduction})
+        _install_served(run)
+        HOOKS["fedara"].extra_loss(run)
+        ratios[reduction] = run.metrics["anchor-grad-ratio"]
+        assert run.metrics["anchor-weight"] == anchor_weight(run.cfg, 5) > 0
+    assert ratios["mean"] > 0
+    assert ratios["sum"] / ratios["mean"] == pytest.approx(500, rel=1e-3)  # d = 500
 
 
 def test_round_one_has_no_anchor_term(tmp_path: Path) -> None:
     hook = HOOKS["fedara"]
-    run1 = _client_run(tmp_path, 1, **{"fedara.frobenius-decay": 0.0})
-    loss1 = hook.extra_loss(run1)
-    reps = torch.randn(4, 500)
-    y = torch.tensor([0, 1, 2, 3])
-    assert float(loss1(reps, torch.zeros(4, 10), y)) == 0.0
-    run2 = _client_run(tmp_path, 2, **{"fedara.frobenius-decay": 0.0})
+    run1 = _client_run(tmp_path, 1)
+    assert hook.extra_loss(run1) is None
+    assert run1.metrics["anchor-weight"] == 0.0
+    assert "anchor-grad-ratio" not in run1.metrics
+    run2 = _client_run(tmp_path, 2)
+    reps, y = torch.randn(4, 500), torch.tensor([0, 1, 2, 3])
     assert float(hook.extra_loss(run2)(reps, torch.zeros(4, 10), y)) > 0.0
 
 
+def test_decay_step_is_one_gradient_step_on_the_frobenius_term() -> None:
+    from models.lowrank import LowRankLinear
+
+    layer = LowRankLinear(6, 5, 3)
+    u, v = layer.u.detach().double().clone(), layer.v.detach().double().clone()
+    decay_step(torch.nn.Sequential(layer), 0.01)
+    np.testing.assert_allclose(layer.u.detach(), u - 0.02 * u @ (v.T @ v), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.v.detach(), v - 0.02 * v @ (u.T @ u), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("every", [0, 1, 5])
+def test_frobenius_decay_shrinks_the_trained_product(tmp_path: Path, every: int) -> None:
+    """Same data, same batches: with μ > 0 ‖U Vᵀ‖_F ends smaller than with μ = 0."""
+    norms = {}
+    for mu in (0.0, 0.5):
+        cfg = {"fedara.frobenius-decay": mu, "fedara.decay-every": every}
+        run = _client_run(tmp_path, 1, pid=1, **cfg)
+        _install_served(run)
+        HOOKS["fedara"].train(run)
+        norms[mu] = float(frobenius_sq(run.model.extractor))
+    assert norms[0.5] < 0.99 * norms[0.0]
+
+
 def test_frobenius_term_matches_explicit_product(tmp_path: Path) -> None:
-    from client_app.fedara import frobenius_sq
     from models.lowrank import LowRankConv2d, LowRankLinear
 
     run = _client_run(tmp_path, 1, pid=1)  # tier 0.5
@@ -221,6 +320,7 @@ def test_fedara_star_homogeneous_half_rank(tmp_path: Path) -> None:
             "model.family": "fedavgcnn",
             "fedara.rank-tiers": "0.5",
             "fedara.lambda": 10.0,
+            "fedara.anchor-reduction": "mean",
         },
     )
     ups = {v for row in res["rounds"] for v in row["client-bytes-up"].values()}
