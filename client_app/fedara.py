@@ -47,7 +47,7 @@ def anchor_weight(cfg: RunConfig, server_round: int) -> float:
 
 def factor_pairs(extractor: nn.Module) -> list[tuple[Tensor, Tensor]]:
     """``(U, V)`` of every factorised layer (differentiable views of the parameters)."""
-    pairs = []
+    pairs: list[tuple[Tensor, Tensor]] = []
     for module in extractor.modules():
         if isinstance(module, LowRankLinear):
             pairs.append((module.u, module.v))
@@ -56,9 +56,9 @@ def factor_pairs(extractor: nn.Module) -> list[tuple[Tensor, Tensor]]:
     return pairs
 
 
-def factor_parameters(extractor: nn.Module) -> list[nn.Parameter]:
+def factor_parameters(extractor: nn.Module) -> list[Tensor]:
     """The parameters holding the factors of every factorised layer."""
-    params: list[nn.Parameter] = []
+    params: list[Tensor] = []
     for module in extractor.modules():
         if isinstance(module, LowRankLinear):
             params += [module.u, module.v]

@@ -140,6 +140,7 @@ class Recorded(Strategy):
             self._start = self._mark = now
             return None
         row = self._row(server_round, now - self._mark)
+        self.inner.diagnostics = {}
         self._mark = now
         self.rounds.append(row)
         self._reset()
@@ -170,6 +171,7 @@ class Recorded(Strategy):
             "bytes-down-eval": cur["bytes-down-eval"],
             "client-bytes-up": cur["client-bytes-up"],
             "client-train": {str(k): v for k, v in sorted(self.inner.last_train.items())},
+            "server-diagnostics": dict(self.inner.diagnostics),
             "eval-clients": int(ev.get("eval-clients", 0)),
             "client-accuracy": {
                 str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())

@@ -12,7 +12,7 @@ import random
 import statistics
 from collections.abc import Iterable
 from logging import INFO, WARNING
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -55,6 +55,9 @@ class HeteroStrategy(Strategy):
         """Nodes that did not reply to this round's training message in time."""
         self.rejected: list[tuple[int, int, str]] = []
         """``(round, node_id, reason)`` for every reply dropped from aggregation."""
+        self.diagnostics: dict[str, Any] = {}
+        """What this round's server step measured about itself (written to the round's
+        ``server-diagnostics`` in results.json, then cleared)."""
 
     # ------------------------------------------------------------------ subclass API
     def init_global(self) -> Arrays:

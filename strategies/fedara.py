@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -11,6 +13,14 @@ from models.lowrank_state import decompose_state, served_residual, weighted_reco
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 EXTRACTOR = "extractor."
+
+
+def relative_change(new: Arrays, old: Arrays, key: str) -> float:
+    """‖new[key] − old[key]‖_F / ‖old[key]‖_F."""
+    before = old[key].astype(np.float64)
+    return float(np.linalg.norm(new[key] - before)) / max(float(np.linalg.norm(before)), 1e-30)
+
+
 Tier = tuple[float, tuple[str, ...]]
 
 
@@ -47,6 +57,8 @@ class FedARA(HeteroStrategy):
         self.decompositions: dict[int, int] = {}
         """Version -> decompositions computed from it (one per distinct tier, r < 1)."""
         self.layer_shapes: dict[str, tuple[int, ...]] = {}
+        self._bases: dict[str, torch.Tensor] = {}
+        """Layer -> leading left singular vectors of the previous global state."""
 
     def tier(self, node: NodeInfo) -> Tier:
         layers = tuple(sorted(str(node.extras.get("layers", "")).split(",")))
@@ -102,15 +114,41 @@ class FedARA(HeteroStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.num_examples for u in uploads]
+        self.diagnostics = self.spectrum_diagnostics()
         mean = weighted_reconstruction(states, weights, self.layer_shapes)
         if self.cfg.fedara.aggregation == "delta":
             self._add_served_residuals(mean, uploads, float(sum(weights)))
         self._served, self._svds = {}, {}  # new global state: decompose again on demand
         self.version += 1
-        return {
+        new = {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
             for key in self.global_arrays
         }
+        self.diagnostics["update-norm"] = {
+            layer: relative_change(new, self.global_arrays, f"{EXTRACTOR}{layer}.weight")
+            for layer in self.layer_shapes
+        }
+        return new
+
+    def spectrum_diagnostics(self) -> dict[str, Any]:
+        """Per truncated tier and decomposed layer of this round's global state:
+        ``energy`` ‖U_t V_tᵀ‖²_F / ‖W‖²_F (the share a truncation keeps) and
+        ``overlap`` ‖P_prevᵀ P‖²_F / r, how much of the tier's leading left singular
+        subspace it shares with the previous round's (1: the same subspace)."""
+        out: dict[str, dict[str, float]] = {"energy": {}, "overlap": {}}
+        extractor = self._extractor()
+        for name, (p, s, _) in sorted(self._svds.items()):
+            total = float(extractor[f"{name}.weight"].double().square().sum())
+            shape = self.layer_shapes[name]
+            for ratio in sorted(self.ratios_below_one()):
+                r = layer_rank(shape, ratio)
+                key = f"{name}@{ratio:g}"
+                out["energy"][key] = float(s[:r].square().sum()) / max(total, 1e-30)
+                prev = self._bases.get(name)
+                if prev is not None and prev.shape[1] >= r:
+                    out["overlap"][key] = float((prev[:, :r].T @ p[:, :r]).square().sum()) / r
+            self._bases[name] = p
+        return dict(out)
 
     def _add_served_residuals(
         self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
