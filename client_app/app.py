@@ -77,6 +77,11 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
             "accuracy": stats.accuracy,
         }
     )
+    without = hook.evaluate_without_shared(run, run.data.x_test, run.data.y_test)
+    if without is not None:
+        metrics["correct-without-shared"] = without.correct
+    for key, value in run.metrics.items():
+        metrics[key] = value
     official = global_test(run)
     if official is not None:
         g = hook.evaluate(run, *official)

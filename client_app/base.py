@@ -294,6 +294,31 @@ class ClientHook:
         official test set under ``data.protocol = official``)."""
         return evaluate(run.model, x, y)
 
+    def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:
+        """The same evaluation without what the federation shares (``None``: not
+        defined for this algorithm); the gap is what the shared part carries."""
+        return None
+
+
+class GlobalHeadHook(ClientHook):
+    """A hook whose server sends a global head that replaces the client's own."""
+
+    def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
+        run.notes["own-head"] = {k: v.clone() for k, v in head_arrays(run).items()}
+        super().install(run, arrays)
+
+    def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:
+        """With the client's own head as local training left it (before replacement)."""
+        own = run.notes.get("own-head")
+        if own is None:
+            return None
+        shared = {k: v.clone() for k, v in head_arrays(run).items()}
+        run.model.load_state_dict(own, strict=False)
+        try:
+            return evaluate(run.model, x, y)
+        finally:
+            run.model.load_state_dict(shared, strict=False)
+
 
 @functools.lru_cache(maxsize=2)
 def _global_test(data: DataConfig, num_partitions: int, seed: int) -> tuple[Tensor, Tensor] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from client_app.base import ClientHook, ClientRun, head_arrays
+from client_app.base import ClientHook, ClientRun, GlobalHeadHook, head_arrays
 
 
 class LocalHook(ClientHook):
@@ -22,7 +22,7 @@ class FedAvgHook(ClientHook):
         return dict(run.model.state_dict())
 
 
-class LGFedAvgHook(ClientHook):
+class LGFedAvgHook(GlobalHeadHook):
     """``lgfedavg``: install the global head, upload the trained head."""
 
     name = "lgfedavg"

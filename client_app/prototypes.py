@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from client_app.base import ClientHook, ClientRun, head_arrays
+from client_app.base import ClientHook, ClientRun, GlobalHeadHook, head_arrays
 from models.entangle import entangle_prototypes, entangle_samples
 from models.train import EvalStats, ExtraLoss, class_means, evaluate
 
@@ -84,7 +84,7 @@ class FedProtoHook(ClientHook):
         return evaluate(run.model, x, y, predict=nearest)
 
 
-class FedGHHook(ClientHook):
+class FedGHHook(GlobalHeadHook):
     """``fedgh``: install the global head, CE training, upload class prototypes."""
 
     name = "fedgh"
@@ -93,7 +93,7 @@ class FedGHHook(ClientHook):
         return proto_arrays(*prototypes(run))
 
 
-class FedREHook(ClientHook):
+class FedREHook(GlobalHeadHook):
     """``fedre``: install the global head, CE training, upload ONE entangled
     representation ``rep`` [d] and its soft label ``soft-label`` [C]."""
 

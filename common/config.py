@@ -153,6 +153,10 @@ class FedARAConfig(_Section):
     """``reconstruct``: sample-weighted mean of the reconstructed uploads (the
     paper's text); ``delta``: the global plus the weighted mean of each client's
     change to what its tier was served."""
+    served_scale: Literal["none", "energy"] = "energy"
+    """``none``: a tier gets the truncated SVD ``W_r`` (the paper); ``energy``: the
+    factors are scaled so ``‖U Vᵀ‖_F = ‖W‖_F`` (``g·W_r``), and what the tier returns
+    is divided by ``g`` before aggregation."""
     anchor_reduction: Literal["mean", "sum"] = "sum"
     """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
     sample, averaged over the batch (d times ``mean``)."""
@@ -181,10 +185,13 @@ class FedLoRAConfig(_Section):
     rank: int = Field(8, ge=1)
     alpha: float = Field(8.0, gt=0)
     targets: str = "head"
-    """Comma-separated Linear layers that get a LoRA branch: ``head`` and/or d→d
-    layers every client has (e.g. ``extractor.fc2`` when it is d→d everywhere)."""
+    """Comma-separated places that get a LoRA branch: ``head`` (parallel to the
+    head), ``rep`` (a residual d→d branch on the representation the head reads),
+    and/or d→d Linear layers every client has (e.g. ``extractor.fc2``)."""
     local_epochs: int = Field(1, ge=1)
     adapter_epochs: int = Field(1, ge=1)
+    lr: float = Field(0.0, ge=0)
+    """SGD learning rate of the adapter phase; 0 = ``train.lr``."""
 
     def target_list(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",") if t.strip()]

@@ -13,6 +13,7 @@ Keys, order and shapes equal ``factorise(extractor, layers, ratio).state_dict()`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -132,12 +133,14 @@ def decompose_state(
     layers: Mapping[str, tuple[int, ...]],
     ratio: float,
     svds: Mapping[str, Svd] | None = None,
+    gains: Mapping[str, float] | None = None,
 ) -> dict[str, Tensor]:
     """Full-rank extractor state -> the state of ``factorise(.., ratio)``.
 
     Keys, order and shapes equal ``factorise(extractor, list(layers), ratio)
     .state_dict()``; ``ratio == 1`` returns a shallow copy of ``state``.
     ``svds`` (layer -> :func:`thin_svd` of its weight) avoids recomputing SVDs.
+    ``gains`` (layer -> g) scales both factors by √g, so ``U Vᵀ = g · W_r``.
     """
     _check_ratio(ratio)
     if ratio == 1.0:
@@ -148,6 +151,9 @@ def decompose_state(
         if tuple(weight.shape) != tuple(shape):
             raise ValueError(f"{layer}.weight is {tuple(weight.shape)}, not {shape}")
         u, v = decompose(weight, layer_rank(shape, ratio), (svds or {}).get(layer))
+        root = math.sqrt((gains or {}).get(layer, 1.0))
+        if root != 1.0:
+            u, v = u * root, v * root
         entries = factors_to_state(u.to(weight.dtype), v.to(weight.dtype), layer, shape)
         lowrank_bias, bias = _bias_keys(layer, shape)
         if bias in state:
@@ -220,14 +226,16 @@ def served_residual(
     full: Mapping[str, Tensor],
     served: Mapping[str, Tensor],
     layers: Mapping[str, tuple[int, ...]],
+    gains: Mapping[str, float] | None = None,
 ) -> dict[str, Tensor]:
-    """``W − U Vᵀ`` (float64) of every layer that ``served`` holds as factors.
+    """``W − U Vᵀ / g`` (float64) of every layer that ``served`` holds as factors.
 
-    ``full`` is the full-rank state a tier's ``served`` state was decomposed from;
-    ``U Vᵀ`` is formed in float64 from the float32 factors that were actually sent,
-    so adding the residual to what the tier returns gives back ``W`` exactly when
-    the client returned what it was served. Layers served full have no residual
-    (served = global there) and are not listed.
+    ``full`` is the full-rank state a tier's ``served`` state was decomposed from
+    with ``gains`` (layer -> g, default 1); ``U Vᵀ`` is formed in float64 from the
+    float32 factors that were actually sent, so adding the residual to what the tier
+    returns (divided by g) gives back ``W`` exactly when the client returned what it
+    was served. Layers served full have no residual (served = global there) and are
+    not listed.
     """
     out: dict[str, Tensor] = {}
     for layer, shape in layers.items():
@@ -235,5 +243,6 @@ def served_residual(
             continue
         u, v = factors_from_state(served, layer, shape)
         key = f"{layer}.weight"
-        out[key] = full[key].double() - reconstruct(u.double(), v.double(), shape)
+        product = reconstruct(u.double(), v.double(), shape) / (gains or {}).get(layer, 1.0)
+        out[key] = full[key].double() - product
     return out

@@ -47,6 +47,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+EVAL_SUMMARY = (
+    "accuracy",
+    "accuracy-mean",
+    "accuracy-std",
+    "loss",
+    "accuracy-global",
+    "accuracy-without-shared",
+    "eval-clients",
+)
+"""Evaluation metrics that have a column of their own in a round's row."""
+
+
 def accuracy_prior(nodes: Iterable[NodeInfo]) -> float | None:
     """The trivial personalized predictor's accuracy: every client predicts its
     majority training class; Σ_k (test samples of that class) / Σ_k test samples."""
@@ -157,6 +169,7 @@ class Recorded(Strategy):
             "accuracy-std": ev.get("accuracy-std"),
             "loss": ev.get("loss"),
             "accuracy-global": ev.get("accuracy-global"),
+            "accuracy-without-shared": ev.get("accuracy-without-shared"),
             "bytes-up": cur["bytes-up"],
             "bytes-down": cur["bytes-down"],
             "bytes-up-per-client": cur["bytes-up"] / max(cur["train-replies"], 1),
@@ -172,6 +185,7 @@ class Recorded(Strategy):
             "client-bytes-up": cur["client-bytes-up"],
             "client-train": {str(k): v for k, v in sorted(self.inner.last_train.items())},
             "server-diagnostics": dict(self.inner.diagnostics),
+            "eval-diagnostics": {k: v for k, v in ev.items() if k not in EVAL_SUMMARY},
             "eval-clients": int(ev.get("eval-clients", 0)),
             "client-accuracy": {
                 str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,12 @@ import torch
 
 from common.records import Arrays, shapes
 from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_threads
-from models.lowrank_state import decompose_state, served_residual, weighted_reconstruction
+from models.lowrank_state import (
+    decompose_state,
+    lowrank_state_keys,
+    served_residual,
+    weighted_reconstruction,
+)
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 EXTRACTOR = "extractor."
@@ -49,6 +55,8 @@ class FedARA(HeteroStrategy):
     def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
         super().__init__(cfg)
         self._served: dict[Tier, Arrays] = {}
+        self._gains: dict[Tier, dict[str, float]] = {}
+        """Tier -> layer -> g: the tier was served ``g · W_r`` (``fedara.served-scale``)."""
         self._svds: dict[str, Svd] = {}
         self.svd_calls: dict[int, int] = {}
         """Version -> SVDs computed (one per decomposed layer, shared by all tiers)."""
@@ -96,10 +104,25 @@ class FedARA(HeteroStrategy):
                             )
                             self._svds[name] = top_svd(extractor[f"{name}.weight"], depth)
                             self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
-                    state = decompose_state(extractor, wanted, ratio, self._svds)
+                    gains = self._tier_gains(extractor, wanted, ratio)
+                    state = decompose_state(extractor, wanted, ratio, self._svds, gains)
+                    self._gains[tier] = gains
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
         return self._served[tier]
+
+    def _tier_gains(
+        self, extractor: dict[str, torch.Tensor], layers: dict[str, tuple[int, ...]], ratio: float
+    ) -> dict[str, float]:
+        """``g = ‖W‖_F / ‖W_r‖_F`` per layer under ``served-scale = energy``, else 1."""
+        if self.cfg.fedara.served_scale == "none":
+            return {name: 1.0 for name in layers}
+        gains = {}
+        for name, shape in layers.items():
+            total = float(extractor[f"{name}.weight"].double().square().sum())
+            kept = float(self._svds[name][1][: layer_rank(shape, ratio)].square().sum())
+            gains[name] = math.sqrt(total / kept) if kept > 0 else 1.0
+        return gains
 
     def ratios_below_one(self) -> set[float]:
         """Every tier ratio the known nodes use that needs a decomposition."""
@@ -112,13 +135,14 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        states = [self._extractor(u.arrays) for u in uploads]
+        states = [self._unscaled(u) for u in uploads]
         weights = [u.num_examples for u in uploads]
         self.diagnostics = self.spectrum_diagnostics()
         mean = weighted_reconstruction(states, weights, self.layer_shapes)
         if self.cfg.fedara.aggregation == "delta":
             self._add_served_residuals(mean, uploads, float(sum(weights)))
-        self._served, self._svds = {}, {}  # new global state: decompose again on demand
+        # a new global state: decompose again on demand
+        self._served, self._svds, self._gains = {}, {}, {}
         self.version += 1
         new = {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
@@ -150,6 +174,21 @@ class FedARA(HeteroStrategy):
             self._bases[name] = p
         return dict(out)
 
+    def gains(self, tier: Tier) -> dict[str, float]:
+        """Layer -> the gain ``g`` this tier is served with (empty at rank ratio 1)."""
+        self.served(tier)
+        return self._gains.get(tier, {})
+
+    def _unscaled(self, upload: Upload) -> dict[str, torch.Tensor]:
+        """The upload as an extractor state, each factor product divided by the gain
+        its tier was served with (so it is on the global's scale)."""
+        state = self._extractor(upload.arrays)
+        for name, gain in self.gains(self.tier(upload.node)).items():
+            if gain != 1.0:
+                key = lowrank_state_keys(name, self.layer_shapes[name])[0]
+                state[key] = state[key] / gain
+        return state
+
     def _add_served_residuals(
         self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
     ) -> None:
@@ -163,5 +202,6 @@ class FedARA(HeteroStrategy):
         full = self._extractor()
         for tier, share in sorted(shares.items()):
             served = self._extractor(self.served(tier))
-            for key, residual in served_residual(full, served, self.layer_shapes).items():
+            gains = self.gains(tier)
+            for key, residual in served_residual(full, served, self.layer_shapes, gains).items():
                 mean[key] += share * residual

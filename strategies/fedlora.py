@@ -15,7 +15,7 @@ class FedLoRA(HeteroStrategy):
 
     Message contract: ``train.fedlora`` carries the global adapter
     ``{"adapters.<target>.A" [r, d], "adapters.<target>.B" [m, r]}`` (m = C for the
-    head, d for a d→d layer); the client replaces its adapter with it, trains its
+    head, d for ``rep`` and for a d→d layer); the client replaces its adapter with it, trains its
     local model with the adapter frozen, then the adapter with the local model
     frozen, and replies with its adapter (same keys and shapes). Server:
     sample-weighted mean. Only the adapter crosses the network.

@@ -48,6 +48,18 @@ class NodeInfo:
         )
 
 
+EVAL_KEYS = (
+    "num-examples",
+    "correct",
+    "loss-sum",
+    "accuracy",
+    "global-num-examples",
+    "global-correct",
+)
+"""Evaluation-reply metrics with a fixed meaning; any other finite number is a
+diagnostic (averaged over clients, sample-weighted)."""
+
+
 class EvalRow(NamedTuple):
     """One usable evaluation reply."""
 
@@ -57,6 +69,8 @@ class EvalRow(NamedTuple):
     loss: float
     global_n: int = 0
     global_correct: int = 0
+    extra: tuple[tuple[str, float], ...] = ()
+    """Diagnostics, e.g. ``correct-without-shared`` or ``logit-share``."""
 
 
 def eval_row(reply: Message) -> tuple[EvalRow | None, str]:
@@ -74,7 +88,17 @@ def eval_row(reply: Message) -> tuple[EvalRow | None, str]:
         return None, f"malformed metrics ({exc})"
     if n <= 0 or not 0 <= correct <= n or not math.isfinite(loss) or not 0 <= g_c <= max(g_n, 0):
         return None, f"inconsistent metrics (n={n}, correct={correct}, loss={loss})"
-    return EvalRow(0, n, correct, loss, g_n, g_c), ""
+    extra = tuple(
+        (k, float(v))
+        for k, v in sorted(m.items())
+        if k not in EVAL_KEYS
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+    )
+    if not 0 <= dict(extra).get("correct-without-shared", 0) <= n:
+        return None, "inconsistent metrics (correct-without-shared)"
+    return EvalRow(0, n, correct, loss, g_n, g_c, extra), ""
 
 
 @dataclass(frozen=True)
@@ -127,4 +151,12 @@ def eval_metrics(rows: list[EvalRow]) -> MetricRecord:
     )
     if all(r.global_n > 0 for r in rows):
         out["accuracy-global"] = sum(r.global_correct for r in rows) / sum(r.global_n for r in rows)
+    extras = [dict(r.extra) for r in rows]
+    for key in sorted({k for e in extras for k in e}):
+        if not all(key in e for e in extras):
+            continue
+        if key == "correct-without-shared":
+            out["accuracy-without-shared"] = sum(e[key] for e in extras) / total
+        else:
+            out[key] = sum(e[key] * r.n for e, r in zip(extras, rows, strict=True)) / total
     return out

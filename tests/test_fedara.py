@@ -103,13 +103,21 @@ def _rebuilt(s: FedARA, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.parametrize("scale", ["none", "energy"])
 @pytest.mark.parametrize("rule", ["reconstruct", "delta"])
-def test_aggregation_rules_against_their_closed_forms(rule: str) -> None:
-    s = fedara([0.5, 0.125, 1.0], **{"fedara.aggregation": rule})
+def test_aggregation_rules_against_their_closed_forms(rule: str, scale: str) -> None:
+    """Each reply's factor product is first divided by the gain g its tier was served
+    with (1 under ``served-scale = none``), then the rule applies."""
+    s = fedara([0.5, 0.125, 1.0], **{"fedara.aggregation": rule, "fedara.served-scale": scale})
     old = {k: v.astype(np.float64) for k, v in s.global_arrays.items()}
-    served = [_rebuilt(s, s.payload(1, s.nodes[nid])) for nid in (100, 101, 102)]
+    gains = [s.gains(s.tier(s.nodes[nid])) for nid in (100, 101, 102)]
+    assert (scale == "none") == all(g == 1.0 for gs in gains for g in gs.values())
+    served = [
+        _unscale(_rebuilt(s, s.payload(1, s.nodes[nid])), g)
+        for nid, g in zip((100, 101, 102), gains, strict=True)
+    ]
     uploads, weights = _random_uploads(s), [30, 50, 20]
-    full = [_rebuilt(s, up) for up in uploads]
+    full = [_unscale(_rebuilt(s, up), g) for up, g in zip(uploads, gains, strict=True)]
     arrays, _ = s.aggregate_train(
         1, [reply(n, u, w) for n, u, w in zip((100, 101, 102), uploads, weights, strict=True)]
     )
@@ -125,7 +133,35 @@ def test_aggregation_rules_against_their_closed_forms(rule: str) -> None:
         np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-4)  # float32 GEMMs
     # U V^T of a balanced split, checked once by hand for fc2 of node 101
     u, v = uploads[1]["extractor.fc2.u"], uploads[1]["extractor.fc2.v"]
-    np.testing.assert_allclose(full[1]["extractor.fc2.weight"], u @ v.T, rtol=1e-4, atol=1e-5)
+    g = gains[1]["fc2"]
+    np.testing.assert_allclose(full[1]["extractor.fc2.weight"], u @ v.T / g, rtol=1e-4, atol=1e-5)
+
+
+def _unscale(state: dict[str, np.ndarray], gains: dict[str, float]) -> dict[str, np.ndarray]:
+    return {
+        k: v / gains.get(k.removeprefix("extractor.").removesuffix(".weight"), 1.0)
+        if k.endswith(".weight")
+        else v
+        for k, v in state.items()
+    }
+
+
+def test_energy_scale_serves_g_times_the_truncation_with_the_full_norm() -> None:
+    s = fedara([0.125], **{"fedara.served-scale": "energy"})
+    payload = s.payload(1, s.nodes[100])
+    for layer in ("fc1", "fc2"):
+        w = s.global_arrays[f"extractor.{layer}.weight"].astype(np.float64)
+        product = (
+            payload[f"extractor.{layer}.u"].astype(np.float64)
+            @ payload[f"extractor.{layer}.v"].astype(np.float64).T
+        )
+        assert np.linalg.norm(product) == pytest.approx(np.linalg.norm(w), rel=1e-4)
+        r = layer_rank(w.shape, 0.125)
+        p, sv, qt = np.linalg.svd(w, full_matrices=False)
+        truncated = (p[:, :r] * sv[:r]) @ qt[:r]
+        g = s.gains(s.tier(s.nodes[100]))[layer]
+        assert g > 1.5  # a fresh layer's top 1/8 keeps about a quarter of the energy
+        np.testing.assert_allclose(product, g * truncated, rtol=1e-3, atol=1e-5)
 
 
 def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
@@ -133,14 +169,15 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
     float tolerance); ``reconstruct`` replaces it by the mean of the truncations,
     shrinking every direction a low tier cannot hold (documented, not a bug)."""
     moved = {}
-    for rule in ("delta", "reconstruct"):
-        s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **{"fedara.aggregation": rule})
+    for rule, scale in (("delta", "none"), ("delta", "energy"), ("reconstruct", "none")):
+        cfg = {"fedara.aggregation": rule, "fedara.served-scale": scale}
+        s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **cfg)
         old = {k: v.copy() for k, v in s.global_arrays.items()}
         replies = [reply(nid, s.payload(1, s.nodes[nid]), 40 + nid) for nid in sorted(s.nodes)]
         arrays, _ = s.aggregate_train(1, replies)
         got = to_numpy(arrays)
         w = "extractor.fc1.weight"
-        moved[rule] = float(np.linalg.norm(got[w] - old[w]) / np.linalg.norm(old[w]))
+        moved[rule + scale] = float(np.linalg.norm(got[w] - old[w]) / np.linalg.norm(old[w]))
         if rule == "delta":
             for k in old:
                 np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
@@ -151,8 +188,8 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
                     "extractor.fc2",
                 ):
                     np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
-    assert moved["delta"] < 1e-6
-    assert moved["reconstruct"] > 0.3  # a fresh fc1 loses most of its energy
+    assert moved["deltanone"] < 1e-6 and moved["deltaenergy"] < 1e-6
+    assert moved["reconstructnone"] > 0.3  # a fresh fc1 loses most of its energy
 
 
 @pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
@@ -331,7 +368,7 @@ def test_fedara_star_homogeneous_half_rank(tmp_path: Path) -> None:
 def test_shared_svd_gives_the_same_approximation_as_a_fresh_decomposition() -> None:
     from models.lowrank import decompose
 
-    s = fedara([0.5, 0.125])
+    s = fedara([0.5, 0.125], **{"fedara.served-scale": "none"})
     for nid, ratio in ((100, 0.5), (101, 0.125)):
         payload = s.payload(1, s.nodes[nid])
         weight = torch.from_numpy(s.global_arrays["extractor.fc1.weight"])

@@ -96,6 +96,24 @@ def test_phase_two_leaves_the_local_model_bit_identical(tmp_path: Path) -> None:
     assert all(not torch.equal(ad0[k], ad1[k]) for k in ad0)
 
 
+@pytest.mark.parametrize("pid", [1, 2])  # htfe: resnet18, mobilenet_v2 (BatchNorm)
+def test_phase_two_leaves_batchnorm_statistics_of_the_frozen_model_unchanged(
+    tmp_path: Path, pid: int
+) -> None:
+    """Every parameter *and buffer* (running_mean, running_var, num_batches_tracked)
+    of the frozen local model is bit-identical after the adapter phase."""
+    ctx = client_context(tmp_path, "fedlora", pid=pid, num=4, **{"model.family": "htfe"})
+    run = open_run(ctx, 2, HOOKS["fedlora"])
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in run.model.modules())
+    ad0, loc0 = _split(run.model)
+    train_adapter(run)
+    ad1, loc1 = _split(run.model)
+    changed = [k for k in loc0 if not torch.equal(loc0[k], loc1[k])]
+    assert changed == []
+    assert any(not torch.equal(ad0[k], ad1[k]) for k in ad0)
+    assert run.model.training  # the model is left in training mode as the loop found it
+
+
 def test_aggregation_is_the_weighted_mean_and_poison_is_ignored() -> None:
     nodes = [node(10 + i, i) for i in range(3)]
     s = strategy(FedLoRA, nodes)
