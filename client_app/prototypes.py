@@ -105,9 +105,10 @@ class FedREHook(GlobalHeadHook):
 
 
 def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:
-    """This round's entangled pair; weights drawn from (seed, round, partition)."""
+    """This round's entangled pairs ``([n, d], [n, C])``, n = ``fedre.reps-per-client``;
+    weights drawn from (seed, round, partition), one draw per row in turn."""
     gen = run.generator(purpose=1)
-    mix = run.cfg.fedre.mix
+    mix, n = run.cfg.fedre.mix, run.cfg.fedre.reps_per_client
     if mix == "rsr":
         with torch.no_grad():
             run.model.eval()
@@ -117,9 +118,13 @@ def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:
                     for i in range(0, len(run.data.y_train), 500)
                 ]
             )
-        return entangle_samples(reps, run.data.y_train, run.data.num_classes, gen)
-    means, present = prototypes(run)
-    return entangle_prototypes(means, present, mix, gen)
+        pairs = [
+            entangle_samples(reps, run.data.y_train, run.data.num_classes, gen) for _ in range(n)
+        ]
+    else:
+        means, present = prototypes(run)
+        pairs = [entangle_prototypes(means, present, mix, gen) for _ in range(n)]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 __all__ = ["FedGHHook", "FedProtoHook", "FedREHook", "head_arrays"]

@@ -111,10 +111,16 @@ class FedREConfig(_Section):
     server_lr: float = Field(0.01, gt=0)
     server_epochs: int = Field(1, ge=1)
     server_batch_size: int = Field(32, ge=1)
+    server_loss: Literal["mean", "sum"] = "mean"
+    """Soft-label cross-entropy of a server batch: averaged over the batch, or summed
+    (the published code's, a step ``batch`` times larger at the same lr)."""
     mix: Literal["rap", "vap", "rsr"] = "rap"
     """``rap``: random weights over class prototypes (the paper's default);
     ``vap``: equal weights over prototypes; ``rsr``: random weights over raw
     sample representations."""
+    reps_per_client: int = Field(1, ge=1)
+    """Entangled representations each client uploads per round (independent weight
+    draws; the paper: 1)."""
 
 
 class FedProtoConfig(_Section):
@@ -128,8 +134,8 @@ class FedGHConfig(_Section):
     """``fedgh.*``: server-side head training on class prototypes."""
 
     server_lr: float = Field(0.01, gt=0)
-    server_epochs: int = Field(1, ge=1)
-    server_batch_size: int = Field(32, ge=1)
+    server_epochs: int = Field(100, ge=1)
+    server_batch_size: int = Field(10, ge=1)
 
 
 class FedARAConfig(_Section):
@@ -149,10 +155,11 @@ class FedARAConfig(_Section):
     decay_every: int = Field(0, ge=0)
     """Apply the Frobenius decay as one closed-form step every this many SGD steps
     (with weight μ·steps); 0 = once at the end of every epoch."""
-    aggregation: Literal["reconstruct", "delta"] = "delta"
+    aggregation: Literal["reconstruct", "delta", "coverage"] = "delta"
     """``reconstruct``: sample-weighted mean of the reconstructed uploads (the
     paper's text); ``delta``: the global plus the weighted mean of each client's
-    change to what its tier was served."""
+    change to what its tier was served; ``coverage``: ``delta`` with each singular
+    direction's update averaged over the clients whose rank covers it."""
     served_scale: Literal["none", "energy"] = "energy"
     """``none``: a tier gets the truncated SVD ``W_r`` (the paper); ``energy``: the
     factors are scaled so ``‖U Vᵀ‖_F = ‖W‖_F`` (``g·W_r``), and what the tier returns

@@ -73,9 +73,11 @@ def entangle_samples(
     return entangle(reps, onehot, w)
 
 
-def soft_cross_entropy(logits: Tensor, soft: Tensor) -> Tensor:
-    """Mean over rows of ``−Σ_c soft_c · log softmax(logits)_c``."""
-    return -(soft * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
+def soft_cross_entropy(logits: Tensor, soft: Tensor, reduction: str = "mean") -> Tensor:
+    """``−Σ_c soft_c · log softmax(logits)_c`` per row, averaged (``mean``) or summed
+    (``sum``) over the rows."""
+    per_row = -(soft * F.log_softmax(logits, dim=1)).sum(dim=1)
+    return per_row.mean() if reduction == "mean" else per_row.sum()
 
 
 def train_head(
@@ -88,11 +90,13 @@ def train_head(
     epochs: int,
     batch_size: int,
     generator: torch.Generator,
+    reduction: str = "mean",
 ) -> tuple[Tensor, Tensor, float, float]:
     """Plain SGD on a linear head with soft-label cross-entropy.
 
     Returns the new ``(weight, bias)`` and the mean loss on all pairs before and
     after training. One-hot ``soft_labels`` make this ordinary cross-entropy (FedGH).
+    ``reduction`` is the batch loss's (``sum``: the gradient of the summed loss).
     """
     w = weight.detach().clone().float().requires_grad_(True)
     b = bias.detach().clone().float().requires_grad_(True)
@@ -104,7 +108,7 @@ def train_head(
         order = torch.randperm(len(x), generator=generator)
         for i in range(0, len(x), batch_size):
             idx = order[i : i + batch_size]
-            loss = soft_cross_entropy(F.linear(x[idx], w, b), y[idx])
+            loss = soft_cross_entropy(F.linear(x[idx], w, b), y[idx], reduction)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

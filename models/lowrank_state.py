@@ -21,6 +21,7 @@ from torch import Tensor
 
 from models.lowrank import (
     Svd,
+    _as_matrix,
     _check_ratio,
     _conv_to_u,
     _conv_to_v,
@@ -29,10 +30,12 @@ from models.lowrank import (
     _v_to_conv,
     decompose,
     layer_rank,
+    matrix_to_conv,
     reconstruct,
 )
 
 __all__ = [
+    "coverage_normalised",
     "decompose_state",
     "factors_from_state",
     "factors_to_state",
@@ -245,4 +248,40 @@ def served_residual(
         key = f"{layer}.weight"
         product = reconstruct(u.double(), v.double(), shape) / (gains or {}).get(layer, 1.0)
         out[key] = full[key].double() - product
+    return out
+
+
+def coverage_normalised(delta: Tensor, svd: Svd, cover: Tensor, tail: float) -> Tensor:
+    """Divide each singular direction's share of an aggregated update by the weight
+    of the clients that could change it.
+
+    ``delta`` is ``Σ_k w_k Δ_k`` for one layer (weight shape, float64); ``svd`` =
+    ``(P [rows, k], S, Qᵀ [k, cols])``, the leading singular vectors of the global
+    layer the clients were served; ``cover[t]`` (t < k) is the total weight of the
+    clients whose rank exceeds t (full-rank ones included), ``tail`` that of the
+    full-rank clients. A client of rank r changes ``U Vᵀ`` only where
+    ``min(i, j) < r`` in that basis (``ΔU Vᵀ`` lies in the column span of Q_r,
+    ``U ΔVᵀ`` in that of P_r; the second-order ``ΔU ΔVᵀ`` is neglected), so the
+    entry ``(i, j)`` is divided by ``cover[min(i, j)]``; directions outside both
+    leading bases by ``tail``. Weight 0 gives 0 (nobody could change it).
+    With ``cover ≡ tail ≡ 1`` the result is ``delta``.
+    """
+    shape = tuple(delta.shape)
+    d = _as_matrix(delta).double()
+    p, _, qt = svd
+    p, q = p.double(), qt.double().T
+    k = p.shape[1]
+    inv = torch.where(cover > 0, 1 / cover.double().clamp(min=1e-300), 0.0)[:k]
+    inv_tail = 1 / tail if tail > 0 else 0.0
+    a = p.T @ d  # [k, cols]
+    b = d @ q  # [rows, k]
+    core = a @ q  # [k, k]
+    idx = torch.arange(k)
+    grid = inv[torch.minimum(idx[:, None], idx[None, :])]
+    out = p @ (core * grid) @ q.T
+    out += p @ (inv[:, None] * (a - core @ q.T))
+    out += ((b - p @ core) * inv[None, :]) @ q.T
+    out += inv_tail * (d - p @ a - b @ q.T + p @ core @ q.T)
+    if len(shape) == 4:
+        out = matrix_to_conv(out, shape[0], shape[1], shape[2])
     return out

@@ -11,6 +11,7 @@ import torch
 from common.records import Arrays, shapes
 from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_threads
 from models.lowrank_state import (
+    coverage_normalised,
     decompose_state,
     lowrank_state_keys,
     served_residual,
@@ -139,8 +140,10 @@ class FedARA(HeteroStrategy):
         weights = [u.num_examples for u in uploads]
         self.diagnostics = self.spectrum_diagnostics()
         mean = weighted_reconstruction(states, weights, self.layer_shapes)
-        if self.cfg.fedara.aggregation == "delta":
+        if self.cfg.fedara.aggregation in ("delta", "coverage"):
             self._add_served_residuals(mean, uploads, float(sum(weights)))
+        if self.cfg.fedara.aggregation == "coverage":
+            self._normalise_by_coverage(mean, uploads, float(sum(weights)))
         # a new global state: decompose again on demand
         self._served, self._svds, self._gains = {}, {}, {}
         self.version += 1
@@ -178,6 +181,31 @@ class FedARA(HeteroStrategy):
         """Layer -> the gain ``g`` this tier is served with (empty at rank ratio 1)."""
         self.served(tier)
         return self._gains.get(tier, {})
+
+    def _normalise_by_coverage(
+        self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
+    ) -> None:
+        """``W + Δ`` -> ``W + Δ'``: each direction of the global's singular basis gets
+        the mean update of the replies whose rank covers it (see
+        :func:`coverage_normalised`)."""
+        full = self._extractor()
+        for name, shape in self.layer_shapes.items():
+            svd = self._svds.get(name)
+            if svd is None:
+                continue  # no truncated tier decomposed this layer
+            depth = svd[0].shape[1]
+            cover, tail = torch.zeros(depth, dtype=torch.float64), 0.0
+            for u in uploads:
+                ratio, layers = self.tier(u.node)
+                w = u.num_examples / total
+                if ratio >= 1 or name not in layers:
+                    cover += w
+                    tail += w
+                else:
+                    cover[: layer_rank(shape, ratio)] += w
+            key = f"{name}.weight"
+            before = full[key].double()
+            mean[key] = before + coverage_normalised(mean[key] - before, svd, cover, tail)
 
     def _unscaled(self, upload: Upload) -> dict[str, torch.Tensor]:
         """The upload as an extractor state, each factor product divided by the gain

@@ -7,7 +7,7 @@ import numpy as np
 from common.records import Arrays
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 from strategies.fedproto import PROTO, expected_prototypes
-from strategies.heads import initial_head, server_step
+from strategies.heads import head_diagnostics, initial_head, server_step
 
 
 class FedGH(HeteroStrategy):
@@ -37,7 +37,8 @@ class FedGH(HeteroStrategy):
                 labels.append(int(key.removeprefix(PROTO)))
         num_classes = self.global_arrays["head.bias"].shape[0]
         onehot = np.eye(num_classes, dtype=np.float32)[labels]
-        head, _, _ = server_step(
+        head, before, after = server_step(
             self.global_arrays, np.stack(reps), onehot, self.cfg.fedgh, self.cfg.seed, server_round
         )
+        self.diagnostics = head_diagnostics(self.global_arrays, head, before, after)
         return head

@@ -60,7 +60,8 @@ def server_step(
     """Train the global head on (input, soft label) pairs; shuffled by (seed, round).
 
     Returns the new head and the soft-label cross-entropy on all pairs before and
-    after the step.
+    after the step. ``settings.server_loss`` (where it exists) is the batch loss's
+    reduction.
     """
     gen = torch.Generator().manual_seed(seed * 100_003 + server_round)
     w, b, before, after = train_head(
@@ -72,5 +73,19 @@ def server_step(
         epochs=settings.server_epochs,
         batch_size=settings.server_batch_size,
         generator=gen,
+        reduction=getattr(settings, "server_loss", "mean"),
     )
     return {"head.weight": w.numpy(), "head.bias": b.numpy()}, before, after
+
+
+def head_diagnostics(old: Arrays, new: Arrays, before: float, after: float) -> dict[str, float]:
+    """The server step's own record: loss on the received pairs before/after it and
+    the relative change of the head ‖Δ[W b]‖_F / ‖[W b]‖_F."""
+
+    def flat(h: Arrays) -> np.ndarray:
+        return np.concatenate([h["head.weight"].ravel(), h["head.bias"].ravel()]).astype(np.float64)
+
+    change = float(np.linalg.norm(flat(new) - flat(old))) / max(
+        float(np.linalg.norm(flat(old))), 1e-30
+    )
+    return {"server-loss-before": before, "server-loss-after": after, "head-change": change}

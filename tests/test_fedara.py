@@ -146,6 +146,38 @@ def _unscale(state: dict[str, np.ndarray], gains: dict[str, float]) -> dict[str,
     }
 
 
+@pytest.mark.parametrize("conv", [False, True])
+def test_coverage_averages_each_direction_over_the_clients_that_cover_it(conv: bool) -> None:
+    """Full-rank client A (weight 0.6) and a rank-5 client B (0.4) whose change lies
+    where min(i, j) < 5 in the global's singular basis: there the update is the
+    plain weighted mean; everywhere else it is A's own change (0.6·Δ_A / 0.6)."""
+    from models.lowrank import conv_to_matrix, matrix_to_conv, top_svd
+    from models.lowrank_state import coverage_normalised
+
+    rng = np.random.default_rng(3)
+    shape = (8, 6, 3, 3) if conv else (40, 30)
+    w = torch.from_numpy(rng.normal(size=shape))
+    wm = conv_to_matrix(w) if conv else w
+    svd = top_svd(w, 12)
+    pf, _, qft = np.linalg.svd(wm.numpy())  # full bases, same leading subspaces
+    p5, q5 = svd[0][:, :5].numpy(), svd[2][:5].T.numpy()
+    d_a = rng.normal(size=wm.shape)
+    d_b = p5 @ rng.normal(size=(5, wm.shape[1])) + rng.normal(size=(wm.shape[0], 5)) @ q5.T
+    d = 0.6 * d_a + 0.4 * d_b
+    cover = torch.tensor([1.0] * 5 + [0.6] * 7, dtype=torch.float64)
+    as_weight = (
+        (lambda m: matrix_to_conv(torch.from_numpy(m), *shape[:3])) if conv else torch.from_numpy
+    )
+    got = coverage_normalised(as_weight(d), svd, cover, 0.6)
+    got_m = (conv_to_matrix(got) if conv else got).numpy()
+    i, j = np.indices(wm.shape)
+    low = np.minimum(i, j) < 5
+    want = pf @ np.where(low, pf.T @ d @ qft.T, pf.T @ d_a @ qft.T) @ qft
+    np.testing.assert_allclose(got_m, want, atol=1e-9)
+    same = coverage_normalised(as_weight(d), svd, torch.ones(12, dtype=torch.float64), 1.0)
+    np.testing.assert_allclose((conv_to_matrix(same) if conv else same).numpy(), d, atol=1e-9)
+
+
 def test_energy_scale_serves_g_times_the_truncation_with_the_full_norm() -> None:
     s = fedara([0.125], **{"fedara.served-scale": "energy"})
     payload = s.payload(1, s.nodes[100])
@@ -169,7 +201,13 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
     float tolerance); ``reconstruct`` replaces it by the mean of the truncations,
     shrinking every direction a low tier cannot hold (documented, not a bug)."""
     moved = {}
-    for rule, scale in (("delta", "none"), ("delta", "energy"), ("reconstruct", "none")):
+    rules = (
+        ("delta", "none"),
+        ("delta", "energy"),
+        ("coverage", "energy"),
+        ("reconstruct", "none"),
+    )
+    for rule, scale in rules:
         cfg = {"fedara.aggregation": rule, "fedara.served-scale": scale}
         s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **cfg)
         old = {k: v.copy() for k, v in s.global_arrays.items()}
@@ -178,7 +216,7 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
         got = to_numpy(arrays)
         w = "extractor.fc1.weight"
         moved[rule + scale] = float(np.linalg.norm(got[w] - old[w]) / np.linalg.norm(old[w]))
-        if rule == "delta":
+        if rule != "reconstruct":
             for k in old:
                 np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
         else:
@@ -188,7 +226,7 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
                     "extractor.fc2",
                 ):
                     np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
-    assert moved["deltanone"] < 1e-6 and moved["deltaenergy"] < 1e-6
+    assert max(moved["deltanone"], moved["deltaenergy"], moved["coverageenergy"]) < 1e-6
     assert moved["reconstructnone"] > 0.3  # a fresh fc1 loses most of its energy
 
 

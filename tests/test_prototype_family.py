@@ -62,7 +62,9 @@ def _run(tmp_path: Path, server_round: int, pid: int = 0, **cfg):  # type: ignor
 
 def test_client_rep_matches_its_prototypes_and_seed(tmp_path: Path) -> None:
     run = _run(tmp_path, server_round=4)
-    rep, soft = entangled(run)
+    reps, softs = entangled(run)
+    assert reps.shape == (1, 500) and softs.shape == (1, 10)
+    rep, soft = reps[0], softs[0]
     means, present = prototypes(run)
     w = random_weights(present, run.generator(purpose=1)).float()
     np.testing.assert_allclose(soft.numpy(), w.numpy(), rtol=1e-6)
@@ -113,12 +115,12 @@ def _fedre(num: int = 4) -> FedRE:
     return s
 
 
-def _pair(seed: int) -> dict[str, np.ndarray]:
+def _pair(seed: int, n: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    w = rng.random(10)
+    w = rng.random((n, 10))
     return {
-        "rep": rng.normal(size=500).astype(np.float32),
-        "soft-label": (w / w.sum()).astype(np.float32),
+        "rep": rng.normal(size=(n, 500)).astype(np.float32),
+        "soft-label": (w / w.sum(1, keepdims=True)).astype(np.float32),
     }
 
 
@@ -127,8 +129,8 @@ def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
     pairs = [_pair(i) for i in range(4)]
     before = s.global_arrays
     arrays, _ = s.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(pairs)])
-    x = torch.from_numpy(np.stack([p["rep"] for p in pairs]))
-    y = torch.from_numpy(np.stack([p["soft-label"] for p in pairs]))
+    x = torch.from_numpy(np.concatenate([p["rep"] for p in pairs]))
+    y = torch.from_numpy(np.concatenate([p["soft-label"] for p in pairs]))
 
     def loss(h: dict) -> float:
         logits = x @ torch.from_numpy(h["head.weight"]).T + torch.from_numpy(h["head.bias"])
@@ -136,8 +138,14 @@ def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
 
     after = to_numpy(arrays)
     assert loss(after) < loss(before)
-    assert s.server_loss[1][1] < s.server_loss[1][0]
-    assert s.server_loss[1][0] == pytest.approx(loss(before), rel=1e-5)
+    diag = s.diagnostics
+    assert diag["server-loss-after"] < diag["server-loss-before"]
+    assert diag["server-loss-before"] == pytest.approx(loss(before), rel=1e-5)
+    assert diag["server-loss-after"] == pytest.approx(loss(after), rel=1e-5)
+    change = np.linalg.norm(
+        np.concatenate([(after[k] - before[k]).ravel() for k in ("head.weight", "head.bias")])
+    ) / np.linalg.norm(np.concatenate([before[k].ravel() for k in ("head.weight", "head.bias")]))
+    assert diag["head-change"] == pytest.approx(change, rel=1e-5)
 
 
 @pytest.mark.parametrize("poison", ["nan", "shape", "not-a-distribution", "extra-key"])
@@ -147,9 +155,9 @@ def test_fedre_poisoned_reply_is_ignored(poison: str) -> None:
     want, _ = ref.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(good)])
     bad = _pair(9)
     if poison == "nan":
-        bad["rep"][0] = np.nan
+        bad["rep"][0, 0] = np.nan
     elif poison == "shape":
-        bad["rep"] = bad["rep"][:10]
+        bad["rep"] = bad["rep"][:, :10]
     elif poison == "not-a-distribution":
         bad["soft-label"] = bad["soft-label"] * 3
     else:
