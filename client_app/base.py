@@ -9,6 +9,7 @@ this is, its data share, the personal model kept across rounds in
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -120,6 +121,15 @@ class NodeSpec:
         )
 
 
+def initial_seed(cfg: RunConfig, node: NodeSpec) -> int:
+    """Seed of a node's initial weights (``model.init``): per (seed, partition), or
+    per (seed, architecture) so that clients of one architecture start identical."""
+    if cfg.model.init == "shared":
+        arch = int.from_bytes(hashlib.sha256(node.arch.encode()).digest()[:4], "big")
+        return derive_seed(cfg.seed, 1_000_003, arch)
+    return derive_seed(cfg.seed, node.partition_id)
+
+
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers (seed, round, partition, purpose...)."""
     return int(np.random.SeedSequence(list(parts)).generate_state(2, np.uint64)[0] >> 1)
@@ -199,7 +209,7 @@ def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun
         image_size=data.image_size,
         feature_dim=feature_dim(cfg),
         small_stem=cfg.model.small_input_stem,
-        seed=derive_seed(cfg.seed, node.partition_id),
+        seed=initial_seed(cfg, node),
     )
     run = ClientRun(cfg, node, data, model, context.state, server_round)
     hook.prepare(run)

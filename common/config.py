@@ -82,6 +82,10 @@ class ModelConfig(_Section):
     feature_dim: int = Field(0, ge=0)
     """Unified representation size ``d``; 0 = the family's natural ``d``."""
     small_input_stem: bool = True
+    init: Literal["per-client", "shared"] = "per-client"
+    """Initial weights: ``per-client`` (seeded by (seed, partition)) or ``shared``
+    (every client of an architecture starts from the same weights, seeded by
+    (seed, architecture), as HtFLlib and FedAvg do)."""
 
     @field_validator("family")
     @classmethod

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from client_app import profiles
@@ -100,3 +101,21 @@ def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
     _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 1)
     other = client_context(tmp_path, "lgfedavg", node_config={"state-dir": str(state_dir)}, seed=5)
     assert open_run(other, 1, HOOKS["lgfedavg"]).rounds_trained == 0
+
+
+@pytest.mark.parametrize("init", ["per-client", "shared"])
+def test_model_init_shared_starts_one_architecture_identical(tmp_path: Path, init: str) -> None:
+    """Partitions 0 and 5 both run cnn-1 (round-robin over 5): identical initial
+    weights exactly when model.init = shared; cnn-2 (partition 1) differs anyway."""
+    runs = [
+        open_run(
+            client_context(tmp_path, "local", pid=pid, num=6, **{"model.init": init}),
+            1,
+            HOOKS["local"],
+        )
+        for pid in (0, 5, 1)
+    ]
+    assert runs[0].node.arch == runs[1].node.arch == "cnn-1" != runs[2].node.arch
+    a, b = runs[0].model.state_dict(), runs[1].model.state_dict()
+    same = all(torch.equal(a[k], b[k]) for k in a)
+    assert same == (init == "shared")
