@@ -9,7 +9,8 @@ from client_app.base import ClientHook, global_test, open_run, profile_record, r
 from client_app.fedara import FedARAHook
 from client_app.fedlora import FedLoRAHook
 from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
-from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook
+from client_app.mutual import FedKDHook, FMLHook
+from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook, FedTGPHook
 from common.records import to_record, to_torch
 
 HOOKS: dict[str, ClientHook] = {
@@ -23,6 +24,9 @@ HOOKS: dict[str, ClientHook] = {
         FedREHook(),
         FedARAHook(),
         FedLoRAHook(),
+        FedTGPHook(),
+        FedKDHook(),
+        FMLHook(),
     )
 }
 

@@ -169,7 +169,7 @@ class FedARAHook(ClientHook):
         run.metrics["anchor-grad-ratio"] = gradient_ratio(run, anchors, lam)
         reduction = run.cfg.fedara.anchor_reduction
 
-        def loss(reps: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+        def loss(reps: Tensor, logits: Tensor, y: Tensor, x: Tensor) -> Tensor:
             return lam * anchor_loss(reps, anchors.to(reps.device)[y], reduction)
 
         return loss

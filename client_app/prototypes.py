@@ -52,14 +52,20 @@ class FedProtoHook(ClientHook):
     def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
         received_prototypes(run)  # validates; the loss reads run.received
 
+    def lam(self, run: ClientRun) -> float:
+        return run.cfg.fedproto.lam
+
+    def infer(self, run: ClientRun) -> str:
+        return run.cfg.fedproto.infer
+
     def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
         table, known = received_prototypes(run)
-        lam = run.cfg.fedproto.lam
+        lam = self.lam(run)
         if not bool(known.any()) or lam == 0:
             return None
         table, known = table.to(run.data.x_train.device), known
 
-        def loss(reps: Tensor, logits: Tensor, y: Tensor) -> Tensor:
+        def loss(reps: Tensor, logits: Tensor, y: Tensor, x: Tensor) -> Tensor:
             mask = known.to(y.device)[y]
             if not bool(mask.any()):
                 return reps.sum() * 0.0
@@ -71,7 +77,7 @@ class FedProtoHook(ClientHook):
         return proto_arrays(*prototypes(run))
 
     def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
-        if run.cfg.fedproto.infer == "head":
+        if self.infer(run) == "head":
             return super().evaluate(run, x, y)
         table, known = received_prototypes(run)
         if not bool(known.any()):  # nothing global yet: fall back to the head
@@ -82,6 +88,20 @@ class FedProtoHook(ClientHook):
             return (-dist).masked_fill(~known.to(x.device), float("-inf"))
 
         return evaluate(run.model, x, y, predict=nearest)
+
+
+class FedTGPHook(FedProtoHook):
+    """``fedtgp``: the client side of FedProto (CE + λ·MSE to the global prototype
+    of y, prototypes after training), with ``fedtgp.lambda``; evaluation with the
+    client's own head."""
+
+    name = "fedtgp"
+
+    def lam(self, run: ClientRun) -> float:
+        return run.cfg.fedtgp.lam
+
+    def infer(self, run: ClientRun) -> str:
+        return "head"
 
 
 class FedGHHook(GlobalHeadHook):
@@ -127,4 +147,4 @@ def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
-__all__ = ["FedGHHook", "FedProtoHook", "FedREHook", "head_arrays"]
+__all__ = ["FedGHHook", "FedProtoHook", "FedREHook", "FedTGPHook", "head_arrays"]

@@ -23,7 +23,17 @@ from pydantic import (
 )
 
 Algorithm = Literal[
-    "local", "fedavg", "lgfedavg", "fedproto", "fedgh", "fedre", "fedara", "fedlora"
+    "local",
+    "fedavg",
+    "lgfedavg",
+    "fedproto",
+    "fedgh",
+    "fedre",
+    "fedara",
+    "fedlora",
+    "fedtgp",
+    "fedkd",
+    "fml",
 ]
 """Every value ``algorithm`` accepts; each has a strategy and a client hook."""
 
@@ -142,6 +152,37 @@ class FedGHConfig(_Section):
     server_batch_size: int = Field(10, ge=1)
 
 
+class FedTGPConfig(_Section):
+    """``fedtgp.*``: prototype regularisation on the client, trainable global
+    prototypes with an adaptive margin on the server."""
+
+    lam: float = Field(10.0, ge=0, alias="lambda")
+    server_epochs: int = Field(100, ge=1)
+    server_lr: float = Field(0.01, gt=0)
+    server_batch_size: int = Field(10, ge=1)
+    margin_threshold: float = Field(100.0, ge=0)
+    hidden_dim: int = Field(0, ge=0)
+    """Width of the generator's hidden layer; 0 = d."""
+
+
+class FedKDConfig(_Section):
+    """``fedkd.*``: the shared mentee and the energy its SVD-compressed update keeps."""
+
+    mentee_arch: str = ""
+    """Architecture of the shared mentee; empty = the family's smallest."""
+    energy_start: float = Field(0.95, gt=0, le=1)
+    energy_end: float = Field(0.98, gt=0, le=1)
+
+
+class FMLConfig(_Section):
+    """``fml.*``: the shared meme model and the two mutual-learning weights."""
+
+    meme_arch: str = ""
+    """Architecture of the shared meme model; empty = the family's smallest."""
+    alpha: float = Field(0.5, ge=0, le=1)
+    beta: float = Field(0.5, ge=0, le=1)
+
+
 class FedARAConfig(_Section):
     """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
 
@@ -231,6 +272,9 @@ class RunConfig(_Section):
     fedgh: FedGHConfig = FedGHConfig()
     fedara: FedARAConfig = FedARAConfig()
     fedlora: FedLoRAConfig = FedLoRAConfig()
+    fedtgp: FedTGPConfig = FedTGPConfig()
+    fedkd: FedKDConfig = FedKDConfig()
+    fml: FMLConfig = FMLConfig()
 
     @model_validator(mode="after")
     def _check_nodes(self) -> RunConfig:

@@ -9,6 +9,7 @@ from models.families import (
     extractor_out_features,
     family_archs,
     natural_dim,
+    smallest_arch,
 )
 from models.nets import HetNet, represent
 
@@ -23,4 +24,5 @@ __all__ = [
     "family_archs",
     "natural_dim",
     "represent",
+    "smallest_arch",
 ]

@@ -6,6 +6,7 @@ architecture at position ``k mod len(family)``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
@@ -235,3 +236,18 @@ def build_model(
             torch.manual_seed(seed)
         extractor = builder(in_channels=in_channels, image_size=image_size, small_stem=small_stem)
         return HetNet(extractor, feature_dim, num_classes, arch=arch)
+
+
+@functools.lru_cache(maxsize=16)
+def smallest_arch(family: str, in_channels: int, image_size: int, small_stem: bool = True) -> str:
+    """The architecture of ``family`` with the fewest extractor parameters for this
+    input (ties: the earlier one); the default shared model of ``fedkd`` / ``fml``."""
+
+    def size(arch: str) -> int:
+        with torch.random.fork_rng(devices=[]):
+            extractor = ARCHITECTURES[arch](
+                in_channels=in_channels, image_size=image_size, small_stem=small_stem
+            )
+        return sum(p.numel() for p in extractor.parameters())
+
+    return min(family_archs(family), key=size)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ExtraLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""``extra_loss(reps, logits, y) -> scalar`` added to the cross-entropy of a batch."""
+ExtraLoss = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+"""``extra_loss(reps, logits, y, x) -> scalar`` added to the cross-entropy of a batch
+(``x``: the batch's inputs, for a hook that runs a second model on them)."""
 AfterStep = Callable[[bool], None]
 """``after_step(epoch_end)``: called after every optimiser step; ``epoch_end`` is True
 after the last step of an epoch."""
@@ -113,7 +114,7 @@ def train(
             reps, logits = logits_and_reps(model, xb)
             loss = F.cross_entropy(logits, yb)
             if extra_loss is not None:
-                loss = loss + extra_loss(reps, logits, yb)
+                loss = loss + extra_loss(reps, logits, yb, xb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

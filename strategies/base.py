@@ -137,15 +137,20 @@ class HeteroStrategy(Strategy):
         For algorithms that exchange (parts of) the extractor; a federation with
         several architectures is refused with an error naming them.
         """
-        from models import build_model
-
         archs = sorted({n.arch for n in self.nodes.values()})
         if len(archs) != 1:
             raise ValueError(f"{purpose} needs one architecture on every node; found {archs}")
+        return self.build_for_nodes(archs[0])
+
+    def build_for_nodes(self, arch: str):  # type: ignore[no-untyped-def]
+        """``arch`` built (seeded by ``seed``) for the nodes' data: input channels,
+        image size, classes and ``d`` as they reported them."""
+        from models import build_model
+
         node = next(iter(self.nodes.values()))
         meta = node.extras
         return build_model(
-            archs[0],
+            arch,
             in_channels=int(meta["in-channels"]),
             num_classes=node.num_classes,
             image_size=int(meta["image-size"]),

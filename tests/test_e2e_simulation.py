@@ -102,3 +102,16 @@ def test_same_seed_same_metrics_through_ray(tmp_path: Path) -> None:
         curves.append([(r["accuracy"], r["loss"], r["accuracy-std"]) for r in rounds])
     assert len(curves[0]) == 2
     assert curves[0] == curves[1]
+
+
+@pytest.mark.parametrize("algorithm", ["fedtgp", "fedkd", "fml"])
+def test_strongest_baselines_run_through_flwr(tmp_path: Path, algorithm: str) -> None:
+    """The three heterogeneous baselines, 2 rounds each, on the main job's settings."""
+    overrides = {**_common(tmp_path), "num-server-rounds": 2, "algorithm": algorithm}
+    outcome = run_simulation(
+        ROOT, overrides, num_supernodes=3, flwr_home=tmp_path / "flwr", timeout=600
+    )
+    assert outcome.ok, outcome.status
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["valid-replies"] for r in res["rounds"]] == [3, 3]
+    assert res["summary"]["accuracy-last"] > res["summary"]["accuracy-prior"] - 0.2

@@ -298,7 +298,9 @@ def test_anchors_are_class_means_under_the_received_extractor(tmp_path: Path) ->
     yb = torch.tensor(present[:1] * 3 + present[-1:] * 3)
     lam = anchor_weight(run.cfg, 3)
     want = lam * ((batch.double() - anchors[yb]) ** 2).sum(1).mean()  # default 'sum'
-    assert float(loss(batch, torch.zeros(6, 10), yb)) == pytest.approx(float(want), rel=1e-4)
+    assert float(loss(batch, torch.zeros(6, 10), yb, torch.zeros(6, 1, 28, 28))) == pytest.approx(
+        float(want), rel=1e-4
+    )
     assert set(served) == {k for k in run.received or served}
 
 
@@ -329,7 +331,9 @@ def test_round_one_has_no_anchor_term(tmp_path: Path) -> None:
     assert "anchor-grad-ratio" not in run1.metrics
     run2 = _client_run(tmp_path, 2)
     reps, y = torch.randn(4, 500), torch.tensor([0, 1, 2, 3])
-    assert float(hook.extra_loss(run2)(reps, torch.zeros(4, 10), y)) > 0.0
+    assert (
+        float(hook.extra_loss(run2)(reps, torch.zeros(4, 10), y, torch.zeros(4, 1, 28, 28))) > 0.0
+    )
 
 
 def test_decay_step_is_one_gradient_step_on_the_frobenius_term() -> None:

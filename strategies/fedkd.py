@@ -1,0 +1,82 @@
+"""``fedkd``: FedKD, adaptive mutual distillation with an SVD-compressed mentee update."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.records import Arrays, invalid_reason, shapes
+from models.mutual import decompress
+from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.fml import float_state, shared_arch
+
+MENTEE = "mentee."
+US, VT = ".us", ".vt"
+
+
+def compressed_shapes(key: str, shape: tuple[int, ...], rank: int) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of ``key``'s update sent as rank-``rank`` factors."""
+    rows, cols = shape[0], int(np.prod(shape[1:]))
+    return {key + US: (rows, rank), key + VT: (rank, cols)}
+
+
+class FedKD(HeteroStrategy):
+    """FedKD: a shared mentee distilled mutually with each client's own model.
+
+    Message contract: ``train.fedkd`` carries the global mentee ``{"mentee.<key>"}``
+    (its floating-point state; architecture ``fedkd.mentee-arch``, default the
+    family's smallest), sent whole. The client trains its own model, the mentee and
+    a personal projection ``W_h`` (d→d) with adaptive mutual distillation, and replies
+    with the mentee's *update* (trained − received) per key: a vector (or a matrix
+    whose factors would not be smaller) whole under its key, otherwise the factors
+    of its truncated SVD, ``"<key>.us"`` [rows, r] (U·S) and ``"<key>.vt"`` [r, cols]
+    of the matrix ``[shape[0], rest]``, with the smallest r that keeps the round's
+    share of the energy Σσ² (``fedkd.energy-start`` in round 1 rising linearly to
+    ``fedkd.energy-end`` in the last). Server: reconstructs each update,
+    sample-weighted mean, added to the global mentee.
+    """
+
+    name = "fedkd"
+
+    def init_global(self) -> Arrays:
+        model = self.build_for_nodes(shared_arch(self, self.cfg.fedkd.mentee_arch))
+        return float_state(model, MENTEE)
+
+    def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]] | None:
+        return None  # ranks vary: see check_upload
+
+    def check_upload(self, node: NodeInfo, arrays: Arrays) -> str | None:
+        """Every mentee key exactly once, whole or as factors of a rank in
+        [1, min(rows, cols)]; finite floats."""
+        wanted: dict[str, tuple[int, ...]] = {}
+        for key, shape in shapes(self.global_arrays).items():
+            if key in arrays or len(shape) < 2 or key + US not in arrays:
+                wanted[key] = shape
+                continue
+            rank = arrays[key + US].shape[-1] if arrays[key + US].ndim == 2 else 0
+            cols = int(np.prod(shape[1:]))
+            if not 1 <= rank <= min(shape[0], cols):
+                return f"bad rank {rank} for '{key}'"
+            wanted.update(compressed_shapes(key, shape, rank))
+        return invalid_reason(arrays, wanted)
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        total = float(sum(u.num_examples for u in uploads))
+        new: Arrays = {}
+        for key, value in self.global_arrays.items():
+            acc = value.astype(np.float64)
+            for u in uploads:
+                acc = acc + update_of(u.arrays, key, value.shape) * (u.num_examples / total)
+            new[key] = acc.astype(value.dtype)
+        sent = sum(v.size for u in uploads for v in u.arrays.values())
+        dense = sum(v.size for v in self.global_arrays.values()) * len(uploads)
+        self.diagnostics = {"upload-compression": sent / max(dense, 1)}
+        return new
+
+
+def update_of(arrays: Arrays, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """One key's update from an upload, reconstructed (float64)."""
+    if key in arrays:
+        return arrays[key].astype(np.float64)
+    us, vt = torch.from_numpy(arrays[key + US]), torch.from_numpy(arrays[key + VT])
+    return decompress(us, vt, shape).numpy()

@@ -1,0 +1,76 @@
+"""``fedtgp``: FedTGP, trainable global prototypes with an adaptive margin."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.records import Arrays
+from models.tgp import PrototypeGenerator, adaptive_margin, train_generator
+from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.fedproto import PROTO, class_mean, expected_prototypes
+from strategies.heads import common_head_shape
+
+
+class FedTGP(HeteroStrategy):
+    """FedTGP: the server learns one prototype per class from the clients' ones.
+
+    Message contract: as ``fedproto``. ``train.fedtgp`` carries the generated global
+    prototypes ``{"proto.<c>": [d]}`` for every class (none in round 1); the client
+    trains with CE + λ·MSE(rep, proto[y]) (``fedtgp.lambda``) and replies with
+    ``{"proto.<c>": [d]}`` for exactly the classes it has, computed with the model
+    *after* this round's training. Server: a generator (a learnable embedding per
+    class, then Linear(d, hidden)-ReLU-Linear(hidden, d)) kept across rounds is
+    trained ``fedtgp.server-epochs`` epochs (SGD, ``fedtgp.server-lr``, batches of
+    ``fedtgp.server-batch-size``) on the received (prototype, class) pairs with
+    cross-entropy over ``−(‖p − g_c‖ + margin·[c = y])``; the margin is
+    ``min(max_k min_{j≠k} ‖c_k − c_j‖, fedtgp.margin-threshold)`` over the centres
+    ``c_k`` (per-class means) of this round's received prototypes. Broadcast: the
+    generated prototypes of every class.
+    """
+
+    name = "fedtgp"
+
+    def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(cfg)
+        self.generator: PrototypeGenerator | None = None
+
+    def init_global(self) -> Arrays:
+        d, c = common_head_shape(self.nodes.values())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.seed)
+            self.generator = PrototypeGenerator(c, d, self.cfg.fedtgp.hidden_dim or d)
+        return {}
+
+    def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
+        return expected_prototypes(node)
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        assert self.generator is not None
+        f = self.cfg.fedtgp
+        protos, labels = [], []
+        for u in uploads:
+            for key, value in u.arrays.items():
+                protos.append(value)
+                labels.append(int(key.removeprefix(PROTO)))
+        centres = np.stack(list(class_mean(uploads).values()))
+        margin = adaptive_margin(torch.from_numpy(centres), f.margin_threshold)
+        gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + server_round)
+        before, after = train_generator(
+            self.generator,
+            torch.from_numpy(np.stack(protos)).float(),
+            torch.tensor(labels),
+            margin,
+            epochs=f.server_epochs,
+            lr=f.server_lr,
+            batch_size=f.server_batch_size,
+            generator=gen,
+        )
+        self.diagnostics = {
+            "margin": margin,
+            "server-loss-before": before,
+            "server-loss-after": after,
+        }
+        with torch.no_grad():
+            table = self.generator().numpy()
+        return {f"{PROTO}{c}": table[c].copy() for c in range(len(table))}
