@@ -5,6 +5,7 @@ Runs are resumable: a run whose ``results.json`` is complete is skipped.
 
     python benchmarks/accuracy.py --suite fedre            # FedRE / FedGH / FedProto
     python benchmarks/accuracy.py --suite all --dry-run    # list what would run
+    python benchmarks/accuracy.py --only fedara,local --seeds 0 --regime scarce
     python benchmarks/tables.py                            # tables + plots from the runs
 """
 
@@ -48,15 +49,77 @@ class Spec:
     regimes: tuple[str, ...] = ("scarce", "practical")
 
 
+def _dotted(key: str) -> str:
+    """``fedre__server_epochs`` -> ``fedre.server-epochs``."""
+    return key.replace("__", ".").replace("_", "-")
+
+
+def variant(name: str, algorithm: str, **keys: Scalar) -> Spec:
+    """A scarce-regime row (ablations, variants): ``algorithm`` with run-config
+    overrides given as ``section__key_name=value``."""
+    return Spec(
+        name, {"algorithm": algorithm, **{_dotted(k): v for k, v in keys.items()}}, ("scarce",)
+    )
+
+
+PAPER_REGIME: dict[str, Scalar] = {
+    "train__local_epochs": 5,
+    "train__batch_size": 16,
+    "train__lr": 0.005,
+}
+"""The FedARA paper's local training: 5 epochs, batch 16, lr 0.005."""
+
 BASELINES = [Spec("local", {"algorithm": "local"}), Spec("lgfedavg", {"algorithm": "lgfedavg"})]
+FEDRE_VARIANTS: dict[str, dict[str, Scalar]] = {
+    "e20": {"fedre__server_epochs": 20},
+    "e100": {"fedre__server_epochs": 100},
+    "b10": {"fedre__server_batch_size": 10},
+    "lr0.1": {"fedre__server_lr": 0.1},
+    "e100-b10": {"fedre__server_epochs": 100, "fedre__server_batch_size": 10},
+    "e20-b10-lr0.1": {
+        "fedre__server_epochs": 20,
+        "fedre__server_batch_size": 10,
+        "fedre__server_lr": 0.1,
+    },
+    "sum": {"fedre__server_loss": "sum"},
+    "vap": {"fedre__mix": "vap"},
+    "rsr": {"fedre__mix": "rsr"},
+    "reps5": {"fedre__reps_per_client": 5},
+}
+FEDLORA_VARIANTS: dict[str, dict[str, Scalar]] = {
+    "rep": {"fedlora__targets": "rep"},
+    "rep-lr0.1": {"fedlora__targets": "rep", "fedlora__lr": 0.1},
+    "head-lr0.1": {"fedlora__lr": 0.1},
+    "rank2": {"fedlora__rank": 2},
+    "rank32": {"fedlora__rank": 32},
+}
 SUITES: dict[str, list[Spec]] = {
     "fedre": [
         Spec("fedre", {"algorithm": "fedre"}),
         Spec("fedgh", {"algorithm": "fedgh"}),
         Spec("fedproto", {"algorithm": "fedproto"}),
+        variant("fedproto-proto", "fedproto", fedproto__infer="proto"),
+        variant("fedgh-e1-b32", "fedgh", fedgh__server_epochs=1, fedgh__server_batch_size=32),
+        *(variant(f"fedre-{tag}", "fedre", **keys) for tag, keys in FEDRE_VARIANTS.items()),
+    ],
+    "init": [
+        variant("fedproto-proto-shared", "fedproto", fedproto__infer="proto", model__init="shared"),
+        variant("fedre-shared", "fedre", model__init="shared"),
+        variant("lgfedavg-shared", "lgfedavg", model__init="shared"),
+        variant("local-shared", "local", model__init="shared"),
     ],
     "fedara": [
         Spec("fedara", {"algorithm": "fedara"}),
+        Spec("fedara-delta", {"algorithm": "fedara", "fedara.aggregation": "delta"}),
+        Spec(
+            "fedara-reconstruct",
+            {
+                "algorithm": "fedara",
+                "fedara.aggregation": "reconstruct",
+                "fedara.served-scale": "none",
+            },
+        ),
+        variant("fedara-noscale", "fedara", fedara__served_scale="none"),
         Spec(
             "fedara-star",
             {
@@ -67,26 +130,27 @@ SUITES: dict[str, list[Spec]] = {
             },
         ),
         *(
-            Spec(
-                f"fedara-lambda{lam:g}", {"algorithm": "fedara", "fedara.lambda": lam}, ("scarce",)
-            )
-            for lam in (0.0, 1.0, 10.0)
+            variant(f"fedara-lambda{lam:g}", "fedara", fedara__lambda=lam)
+            for lam in (0.0, 0.5, 10.0)
         ),
         # the same without low-rank tiers: what the factorisation itself costs
-        Spec("fedara-tiers1", {"algorithm": "fedara", "fedara.rank-tiers": "1"}, ("scarce",)),
+        variant("fedara-tiers1", "fedara", fedara__rank_tiers="1"),
+        *(variant(f"{a}-paper-regime", a, **PAPER_REGIME) for a in ("fedara", "local", "lgfedavg")),
     ],
     "fedlora": [
         Spec("fedlora", {"algorithm": "fedlora"}),
-        *(
-            Spec(f"fedlora-rank{r}", {"algorithm": "fedlora", "fedlora.rank": r}, ("scarce",))
-            for r in (2, 32)
-        ),
+        *(variant(f"fedlora-{tag}", "fedlora", **keys) for tag, keys in FEDLORA_VARIANTS.items()),
+    ],
+    "baselines": [
+        Spec("fedtgp", {"algorithm": "fedtgp"}),
+        Spec("fedkd", {"algorithm": "fedkd"}),
+        Spec("fml", {"algorithm": "fml"}),
     ],
 }
 
 
-def run_dir(regime: str, name: str, seed: int) -> Path:
-    return OUT / regime / name / f"seed{seed}"
+def run_dir(regime: str, name: str, seed: int, out: Path = OUT) -> Path:
+    return out / regime / name / f"seed{seed}"
 
 
 def complete(path: Path) -> bool:
@@ -97,14 +161,26 @@ def complete(path: Path) -> bool:
         return False
 
 
-def plan(suites: list[str], regimes: list[str]) -> list[tuple[str, Spec, int]]:
+def plan(
+    suites: list[str],
+    regimes: list[str],
+    only: list[str] | None = None,
+    seeds: list[int] | None = None,
+) -> list[tuple[str, Spec, int]]:
+    """(regime, row, seed) to run: seed-major, so every row gets seed 0 first."""
     specs = list(BASELINES)
     for suite in suites:
         specs += SUITES[suite]
+    if only:
+        specs = [s for s in specs if s.name in only]
+        unknown = set(only) - {s.name for s in specs}
+        if unknown:
+            raise SystemExit(f"unknown rows {sorted(unknown)}")
     todo = []
     for regime in regimes:
         for seed in REGIMES[regime]["seeds"]:
-            todo += [(regime, s, seed) for s in specs if regime in s.regimes]
+            if seeds is None or seed in seeds:
+                todo += [(regime, s, seed) for s in specs if regime in s.regimes]
     return todo
 
 
@@ -112,13 +188,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", default="all", choices=["all", *SUITES])
     ap.add_argument("--regime", default="all", choices=["all", *REGIMES])
+    ap.add_argument("--only", default="", help="comma list of row names")
+    ap.add_argument("--seeds", default="", help="comma list of seeds (default: the regime's)")
+    ap.add_argument("--out", type=Path, default=OUT, help="where runs are written")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     regimes = list(REGIMES) if args.regime == "all" else [args.regime]
+    only = [n for n in args.only.split(",") if n] or None
+    seeds = [int(x) for x in args.seeds.split(",") if x] or None
     failures = 0
-    for regime, spec, seed in plan(suites, regimes):
-        out = run_dir(regime, spec.name, seed)
+    for regime, spec, seed in plan(suites, regimes, only, seeds):
+        out = run_dir(regime, spec.name, seed, args.out)
         if complete(out):
             continue
         overrides: dict[str, Scalar] = {
@@ -135,7 +216,7 @@ def main() -> int:
             ROOT,
             overrides,
             num_supernodes=REGIMES[regime]["clients"],
-            flwr_home=OUT / ".flwr",
+            flwr_home=args.out / ".flwr",
             timeout=4 * 3600,
         )
         if not outcome.ok:

@@ -6,8 +6,10 @@
    3 repetitions, torch with 2 threads (the machine's cores).
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
-   (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread)
-   and the peak RSS (VmHWM) of a fresh process doing that round.
+   (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread;
+   median of 3, all tiers interleaved in one process) with the Frobenius decay
+   amortised (the default) and applied every step, and the peak RSS (VmHWM) of a
+   fresh process doing that round.
 
     python benchmarks/fedara_cost.py --out benchmarks/out/fedara-cost.json
 """
@@ -110,26 +112,34 @@ from common.config import flatten, parse_run_config
 from common.records import payload_bytes, to_record
 from strategies.base import NodeInfo
 from strategies.fedara import FedARA
-ratio, mu = sys.argv[2], float(sys.argv[3])
-run_config = flatten(parse_run_config({"algorithm": "fedara", "fedara.rank-tiers": ratio,
-                                       "data.alpha": 0.1, "fedara.frobenius-decay": mu}))
-ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 20},
-              state=RecordDict(), run_config=run_config)
-info = app(Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
-                   message_type="query.profile"), ctx).content["profile"]
-s = FedARA(parse_run_config({"algorithm": "fedara"}))
-s.nodes = {5: NodeInfo.from_metrics(5, info)}
-s.global_arrays = s.init_global()
-payload = s.payload(2, s.nodes[5])
-content = {"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})}
-msg = Message(RecordDict(content), dst_node_id=5, message_type="train.fedara")
-t = time.perf_counter()
-out = app(msg, ctx)
-round_s = time.perf_counter() - t
-print(json.dumps({"params": int(sum(v.size for v in payload.values())),
-                  "bytes-up-measured": payload_bytes(out.content["arrays"]),
-                  "epoch-s": out.content["metrics"]["train-time-s"], "round-s": round_s,
-                  "peak-rss-mb": peak_mb()}))
+runs, repeats = json.loads(sys.argv[2]), int(sys.argv[3])
+
+def one_round(ratio, every):
+    cfg = {"algorithm": "fedara", "fedara.rank-tiers": str(ratio), "data.alpha": 0.1,
+           "fedara.decay-every": every}
+    run_config = flatten(parse_run_config(cfg))
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 20},
+                  state=RecordDict(), run_config=run_config)
+    info = app(Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
+                       message_type="query.profile"), ctx).content["profile"]
+    s = FedARA(parse_run_config(cfg))
+    s.nodes = {5: NodeInfo.from_metrics(5, info)}
+    s.global_arrays = s.init_global()
+    payload = s.payload(2, s.nodes[5])
+    content = {"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})}
+    msg = Message(RecordDict(content), dst_node_id=5, message_type="train.fedara")
+    out = app(msg, ctx)
+    return {"params": int(sum(v.size for v in payload.values())),
+            "bytes-up-measured": payload_bytes(out.content["arrays"]),
+            "epoch-s": out.content["metrics"]["train-time-s"]}
+
+times = {json.dumps(r): [] for r in runs}
+last = {}
+for _ in range(repeats):  # interleaved: machine noise hits every configuration alike
+    for ratio, every in runs:
+        last = one_round(ratio, every)
+        times[json.dumps([ratio, every])].append(last["epoch-s"])
+print(json.dumps({"times": times, "last": last, "peak-rss-mb": peak_mb()}))
 """
 
 
@@ -147,34 +157,44 @@ def analytic_params(ratio: float) -> int:
     return total
 
 
-def child(ratio: float, mu: float) -> dict:
+def child(runs: list[tuple[float, int]], repeats: int) -> dict:
+    """Epoch times of ``(rank ratio, fedara.decay-every)`` runs, one fresh ClientApp
+    context each, interleaved ``repeats`` times in one fresh process."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(ratio), str(mu)],
+        [sys.executable, "-c", CHILD, str(ROOT), json.dumps(runs), str(repeats)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=3600,
     )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def per_tier() -> list[dict]:
-    """Per tier; the epoch is timed with the default Frobenius decay (1e-3) and
-    without it, since that term costs O((m + n) r²) per step."""
+def per_tier(repeats: int = 3) -> list[dict]:
+    """Per tier: epoch time with the default amortised Frobenius decay (one step per
+    epoch) and with the decay applied every step (``decay-every = 1``: what an
+    O((m + n) r²) term per step costs), medians of ``repeats`` interleaved runs; then
+    bytes, parameters and peak RSS from one fresh process per tier."""
+    runs = [(r, every) for r in TIERS for every in (0, 1)]
+    times = child(runs, repeats)["times"]
     rows = []
     for ratio in TIERS:
-        m = child(ratio, 1e-3)
-        m["epoch-s-without-frobenius"] = child(ratio, 0.0)["epoch-s"]
-        m.update(
-            {
-                "rank-ratio": ratio,
-                "params-analytic": analytic_params(ratio),
-                "bytes-up-analytic": analytic_params(ratio) * 4,
-            }
-        )
+        alone = child([(ratio, 0)], 1)
+        m = {
+            **alone["last"],
+            "peak-rss-mb": alone["peak-rss-mb"],
+            "rank-ratio": ratio,
+            "epoch-s": statistics.median(times[json.dumps([ratio, 0])]),
+            "epoch-s-decay-every-step": statistics.median(times[json.dumps([ratio, 1])]),
+            "params-analytic": analytic_params(ratio),
+            "bytes-up-analytic": analytic_params(ratio) * 4,
+        }
         rows.append(m)
         print(json.dumps(m), flush=True)
+    full = rows[0]["epoch-s"]
+    for m in rows:
+        m["epoch-ratio-to-full-rank"] = m["epoch-s"] / full
     return rows
 
 

@@ -200,7 +200,7 @@ class FedARAConfig(_Section):
     decay_every: int = Field(0, ge=0)
     """Apply the Frobenius decay as one closed-form step every this many SGD steps
     (with weight μ·steps); 0 = once at the end of every epoch."""
-    aggregation: Literal["reconstruct", "delta", "coverage"] = "delta"
+    aggregation: Literal["reconstruct", "delta", "coverage"] = "coverage"
     """``reconstruct``: sample-weighted mean of the reconstructed uploads (the
     paper's text); ``delta``: the global plus the weighted mean of each client's
     change to what its tier was served; ``coverage``: ``delta`` with each singular
@@ -209,7 +209,7 @@ class FedARAConfig(_Section):
     """``none``: a tier gets the truncated SVD ``W_r`` (the paper); ``energy``: the
     factors are scaled so ``‖U Vᵀ‖_F = ‖W‖_F`` (``g·W_r``), and what the tier returns
     is divided by ``g`` before aggregation."""
-    anchor_reduction: Literal["mean", "sum"] = "sum"
+    anchor_reduction: Literal["mean", "sum"] = "mean"
     """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
     sample, averaged over the batch (d times ``mean``)."""
 

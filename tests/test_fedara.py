@@ -277,10 +277,13 @@ def _install_served(run) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-
     return served
 
 
-def test_anchors_are_class_means_under_the_received_extractor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_anchors_are_class_means_under_the_received_extractor(
+    tmp_path: Path, reduction: str
+) -> None:
     """Anchors are fixed from what the server sent: changing the extractor during
     training does not move them."""
-    run = _client_run(tmp_path, server_round=3, pid=2)  # tier 0.25
+    run = _client_run(tmp_path, 3, pid=2, **{"fedara.anchor-reduction": reduction})  # tier 0.25
     served = _install_served(run)
     reference = copy.deepcopy(run.model).eval()
     loss = HOOKS["fedara"].extra_loss(run)  # anchors computed here
@@ -297,7 +300,8 @@ def test_anchors_are_class_means_under_the_received_extractor(tmp_path: Path) ->
     batch = torch.randn(6, reps.shape[1])
     yb = torch.tensor(present[:1] * 3 + present[-1:] * 3)
     lam = anchor_weight(run.cfg, 3)
-    want = lam * ((batch.double() - anchors[yb]) ** 2).sum(1).mean()  # default 'sum'
+    sq = (batch.double() - anchors[yb]) ** 2
+    want = lam * (sq.sum(1).mean() if reduction == "sum" else sq.mean())
     assert float(loss(batch, torch.zeros(6, 10), yb, torch.zeros(6, 1, 28, 28))) == pytest.approx(
         float(want), rel=1e-4
     )
