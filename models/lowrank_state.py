@@ -170,8 +170,12 @@ def weighted_reconstruction(
     weights: Sequence[float],
     layers: Mapping[str, tuple[int, ...]],
     chunk_rank: int = 4096,
+    product_scales: Sequence[Mapping[str, float]] | None = None,
 ) -> dict[str, Tensor]:
     """``Σ_k w_k · reconstruct_state(states[k])`` (weights normalised), streaming.
+
+    ``product_scales[k][layer]`` (default 1) multiplies state k's factor product of
+    that layer (FedARA divides by the gain a tier was served with).
 
     Each state may be factorised at its own rank or full (ratio 1). For a layer,
     ``Σ_k w_k U_k V_kᵀ`` is one product of the column-stacked ``[w_k U_k]`` and
@@ -188,15 +192,18 @@ def weighted_reconstruction(
     stacks: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in layers}
 
     def add(key: str, value: Tensor, w: float) -> None:
-        term = value.double() * w
-        acc[key] = acc[key] + term if key in acc else term
+        if key in acc:
+            acc[key].add_(value, alpha=w)  # promoted into the float64 accumulator
+        else:
+            acc[key] = value.double() * w
 
-    for state, weight in zip(states, weights, strict=True):
+    scales = product_scales or [{}] * len(states)
+    for state, weight, scale in zip(states, weights, scales, strict=True):
         w = float(weight) / total
         factorised = {n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in state}
         for layer in factorised:
             u, v = factors_from_state(state, layer, layers[layer])
-            stacks[layer].append((u.float() * w, v.float()))
+            stacks[layer].append((u.float() * (w * scale.get(layer, 1.0)), v.float()))
             lowrank_bias, bias = _bias_keys(layer, layers[layer])
             if lowrank_bias in state:
                 add(bias, state[lowrank_bias], w)

@@ -13,7 +13,6 @@ from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_
 from models.lowrank_state import (
     coverage_normalised,
     decompose_state,
-    lowrank_state_keys,
     served_residual,
     weighted_reconstruction,
 )
@@ -136,10 +135,14 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        states = [self._unscaled(u) for u in uploads]
+        states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.num_examples for u in uploads]
+        # each reply's factor product back on the global's scale: divided by its gain
+        scales = [
+            {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
+        ]
         self.diagnostics = self.spectrum_diagnostics()
-        mean = weighted_reconstruction(states, weights, self.layer_shapes)
+        mean = weighted_reconstruction(states, weights, self.layer_shapes, product_scales=scales)
         if self.cfg.fedara.aggregation in ("delta", "coverage"):
             self._add_served_residuals(mean, uploads, float(sum(weights)))
         if self.cfg.fedara.aggregation == "coverage":
@@ -206,16 +209,6 @@ class FedARA(HeteroStrategy):
             key = f"{name}.weight"
             before = full[key].double()
             mean[key] = before + coverage_normalised(mean[key] - before, svd, cover, tail)
-
-    def _unscaled(self, upload: Upload) -> dict[str, torch.Tensor]:
-        """The upload as an extractor state, each factor product divided by the gain
-        its tier was served with (so it is on the global's scale)."""
-        state = self._extractor(upload.arrays)
-        for name, gain in self.gains(self.tier(upload.node)).items():
-            if gain != 1.0:
-                key = lowrank_state_keys(name, self.layer_shapes[name])[0]
-                state[key] = state[key] / gain
-        return state
 
     def _add_served_residuals(
         self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float

@@ -1,0 +1,465 @@
+"""Accuracy tables and plots from the archived runs of ``benchmarks/accuracy.py``:
+the all-methods summary for the README and the generated ``docs/results/README.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.accuracy import OUT, REGIMES, ROUNDS, SUITES, Spec, complete  # noqa: E402
+from common.config import flatten, parse_run_config  # noqa: E402
+from common.report import Run, plot_accuracy  # noqa: E402
+
+DOCS = ROOT / "docs" / "results"
+ARCHIVE = DOCS / "archive"
+SUMMARY = DOCS / "accuracy-summary.json"
+RESULTS_PAGE = DOCS / "README.md"
+
+MAIN = [
+    "local",
+    "lgfedavg",
+    "fedproto",
+    "fedgh",
+    "fedre",
+    "fedtgp",
+    "fedkd",
+    "fml",
+    "fedlora",
+    "fedara",
+    "fedara-star",
+]
+"""The rows of the all-methods tables (each with its run-config defaults)."""
+
+LABELS = {
+    "fedara": "fedara (tiers 1…1/16: coverage, energy, λ=2 mean)",
+    "fedara-delta": "fedara, aggregation=delta",
+    "fedara-reconstruct": "fedara, aggregation=reconstruct, served-scale=none (paper-literal)",
+    "fedara-noscale": "fedara, served-scale=none",
+    "fedara-star": "FedARA* (fedavgcnn, r=0.5, λ=10)",
+    "fedara-tiers1": "fedara, every client at rank ratio 1",
+    "fedara-lambda0": "fedara λ=0",
+    "fedara-lambda0.5": "fedara λ=0.5",
+    "fedara-lambda10": "fedara λ=10",
+    "fedara-paper-regime": "fedara, 5 epochs / batch 16 / lr 0.005",
+    "local-paper-regime": "local, 5 epochs / batch 16 / lr 0.005",
+    "lgfedavg-paper-regime": "lgfedavg, 5 epochs / batch 16 / lr 0.005",
+    "fedgh": "fedgh (100 server epochs, batch 10)",
+    "fedgh-e1-b32": "fedgh, 1 server epoch, batch 32 (earlier default)",
+    "fedlora": "fedlora (head, r=8)",
+    "fedproto-proto": "fedproto, nearest-prototype inference",
+    "fedproto-proto-shared": "fedproto, nearest-prototype inference, model.init=shared",
+}
+SUITE_TITLES = {
+    "baselines": "The strongest heterogeneous baselines: FedTGP, FedKD, FML",
+    "fedara": "FedARA",
+    "fedre": "FedRE, FedGH, FedProto",
+    "fedlora": "FedLoRA",
+    "init": "Initial weights: model.init=shared",
+}
+COMMAND = "python benchmarks/accuracy.py && python benchmarks/tables.py --readme"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One seed of one row: an archived ``results.json``."""
+
+    seed: int
+    run: Run
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.run.summary
+
+    @property
+    def up(self) -> float:
+        return mean_of_rounds(self.run, "bytes-up-per-client")
+
+    @property
+    def down(self) -> float:
+        return mean_of_rounds(self.run, "bytes-down-per-client")
+
+
+def spec_of(name: str) -> Spec:
+    for spec in [s for rows in SUITES.values() for s in rows]:
+        if spec.name == name:
+            return spec
+    from benchmarks.accuracy import BASELINES
+
+    return next(s for s in BASELINES if s.name == name)
+
+
+def expected_config(regime: str, name: str, seed: int) -> dict[str, Any]:
+    """The full run config a current run of this row has (``out-dir`` aside)."""
+    flat = {
+        **REGIMES[regime]["config"],
+        **spec_of(name).overrides,
+        "num-server-rounds": ROUNDS,
+        "seed": seed,
+    }
+    cfg = flatten(parse_run_config(flat))
+    cfg.pop("out-dir")
+    return cfg
+
+
+def current(run: Run, regime: str, name: str) -> bool:
+    """A run belongs to a row only if it ran with every setting the row has now
+    (runs of older code or other defaults stay archived but are not shown)."""
+    cfg = {k: v for k, v in run.config.items() if k != "out-dir"}
+    return cfg == expected_config(regime, name, int(run.config.get("seed", -1)))
+
+
+def archive() -> int:
+    """Copy complete runs from ``benchmarks/out`` into ``docs/results/archive`` (committed).
+
+    Gzipped: Flower packs every ``.json`` under the app folder into each run's bundle.
+    """
+    copied = 0
+    for path in sorted(OUT.glob("*/*/seed*")):
+        if not complete(path):
+            continue
+        doc = json.loads((path / "results.json").read_text())
+        keep = {k: doc[k] for k in ("config", "versions", "rounds", "summary") if k in doc}
+        dest = ARCHIVE / path.parent.relative_to(OUT) / f"{path.name}.json.gz"
+        data = json.dumps(keep, indent=1).encode()
+        if dest.exists() and gzip.decompress(dest.read_bytes()) == data:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(gzip.compress(data, mtime=0))
+        copied += 1
+    return copied
+
+
+@functools.cache
+def entries(regime: str, name: str) -> list[Entry]:
+    """The row's current archived runs, by seed."""
+    out = []
+    for path in sorted((ARCHIVE / regime / name).glob("seed*.json.gz")):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        run = Run(path, doc["config"], doc["rounds"], doc["summary"])
+        if current(run, regime, name):
+            out.append(Entry(int(run.config["seed"]), run))
+    return sorted(out, key=lambda e: e.seed)
+
+
+def mean_of_rounds(run: Run, key: str) -> float:
+    vals = [r[key] for r in run.rounds if r.get(key) is not None]
+    return statistics.fmean(vals) if vals else 0.0
+
+
+def pm(values: list[float], fmt: str = "{:.4f}") -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def kb(n: float) -> str:
+    return f"{n / 1024:.1f} KB" if n < 1024**2 else f"{n / 1024**2:.2f} MB"
+
+
+def last(es: list[Entry], key: str = "accuracy") -> list[float]:
+    """``key`` of each seed's last evaluated round."""
+    vals = []
+    for e in es:
+        rows = [r for r in e.run.rounds if r.get(key) is not None]
+        if rows:
+            vals.append(rows[-1][key])
+    return vals
+
+
+def compute_ratio() -> dict[str, float]:
+    doc = load("compute-cost.json")
+    return dict(doc["ratio-to-lgfedavg"]) if isinstance(doc, dict) else {}
+
+
+def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool = False) -> str:
+    """Rows: accuracy last/best (mean ± std over seeds), bytes, and ``extra`` columns."""
+    head = ["method", "seeds", "accuracy (last)", "accuracy (best)", "up / client / round",
+            "down / client / round"]  # fmt: skip
+    columns = {
+        "delta-local": "last − local",
+        "compute": "client computation × lgfedavg",
+        "without-shared": "accuracy without the shared part (last)",
+        "round5": "accuracy round 5",
+        "prior": "accuracy-prior",
+        "server": "server loss before → after, ‖Δhead‖/‖head‖ (last round)",
+        "adapter": "logit share / ‖ΔW‖/‖W‖ of the adapter (last round)",
+        "grad-ratio": "anchor / CE gradient (last round, mean over clients)",
+    }
+    head += [columns[c] for c in extra]
+    rows = [(n, entries(regime, n)) for n in names]
+    rows = [(n, es) for n, es in rows if es]
+    if sort:
+        rows.sort(key=lambda r: -statistics.fmean(e.summary["accuracy-last"] for e in r[1]))
+    base = [e.summary["accuracy-last"] for e in entries(regime, "local")]
+    ratios = compute_ratio()
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, es in rows:
+        cells = [
+            LABELS.get(name, name),
+            str(len(es)),
+            pm([e.summary["accuracy-last"] for e in es]),
+            pm([e.summary["accuracy-best"] for e in es]),
+            kb(statistics.fmean(e.up for e in es)),
+            kb(statistics.fmean(e.down for e in es)),
+        ]
+        for c in extra:
+            cells.append(cell(c, name, es, base, ratios))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cell(column: str, name: str, es: list[Entry], base: list[float], ratios: dict) -> str:
+    algorithm = es[0].run.config["algorithm"]
+    if column == "delta-local":
+        if not base or name == "local":
+            return "–"
+        diff = statistics.fmean(e.summary["accuracy-last"] for e in es) - statistics.fmean(base)
+        return f"{diff:+.4f}"
+    if column == "compute":
+        return f"{ratios[algorithm]:.2f}×" if algorithm in ratios else "–"
+    if column == "without-shared":
+        return pm(last(es, "accuracy-without-shared"))
+    if column == "round5":
+        return pm([e.run.rounds[4]["accuracy"] for e in es if len(e.run.rounds) > 4])
+    if column == "prior":
+        return pm([e.summary["accuracy-prior"] for e in es if e.summary.get("accuracy-prior")])
+    last_round = [e.run.rounds[-1] for e in es]
+    if column == "server":
+        diag = [r.get("server-diagnostics") or {} for r in last_round]
+        if not all("server-loss-before" in d for d in diag):
+            return "–"
+        b = statistics.fmean(d["server-loss-before"] for d in diag)
+        a = statistics.fmean(d["server-loss-after"] for d in diag)
+        h = statistics.fmean(d.get("head-change", float("nan")) for d in diag)
+        return f"{b:.3f} → {a:.3f}, {h:.3f}"
+    if column == "adapter":
+        diag = [r.get("eval-diagnostics") or {} for r in last_round]
+        if not all("logit-share" in d for d in diag):
+            return "–"
+        share = statistics.fmean(d["logit-share"] for d in diag)
+        ratio = statistics.fmean(d["adapter-weight-ratio"] for d in diag)
+        return f"{share:.4f} / {ratio:.4f}"
+    if column == "grad-ratio":
+        vals = [
+            m["anchor-grad-ratio"]
+            for r in last_round
+            for m in r.get("client-train", {}).values()
+            if "anchor-grad-ratio" in m
+        ]
+        return f"{statistics.fmean(vals):.3f}" if vals else "–"
+    raise ValueError(column)
+
+
+def tier_accuracy(es: list[Entry], round_index: int = -1) -> dict[float, float]:
+    """Rank ratio -> sample-unweighted mean client accuracy in one round, over seeds."""
+    by: dict[float, list[float]] = {}
+    for e in es:
+        ratios = {
+            pid: m["rank-ratio"]
+            for r in e.run.rounds
+            for pid, m in r.get("client-train", {}).items()
+            if "rank-ratio" in m
+        }
+        for pid, acc in e.run.rounds[round_index].get("client-accuracy", {}).items():
+            if pid in ratios:
+                by.setdefault(ratios[pid], []).append(acc)
+    return {r: statistics.fmean(v) for r, v in sorted(by.items(), reverse=True)}
+
+
+def tier_table(regime: str, names: list[str]) -> str:
+    rows = [(n, entries(regime, n)) for n in names if entries(regime, n)]
+    tiers = sorted({t for _, es in rows for t in tier_accuracy(es)}, reverse=True)
+    if not tiers:
+        return ""
+    head = ["method", "seeds", *[f"rank ratio {t:g}" for t in tiers], "round 5 (all)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, es in rows:
+        acc = tier_accuracy(es)
+        cells = [LABELS.get(name, name), str(len(es))]
+        cells += [f"{acc[t]:.3f}" if t in acc else "–" for t in tiers]
+        cells.append(pm([e.run.rounds[4]["accuracy"] for e in es if len(e.run.rounds) > 4]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def regime_title(regime: str) -> str:
+    r = REGIMES[regime]
+    cfg = r["config"]
+    return (
+        f"*{regime}*: Fashion-MNIST, `data.fraction={cfg['data.fraction']}`, "
+        f"{r['clients']} clients, Dirichlet α={cfg['data.alpha']}, `cnn` family, "
+        f"{ROUNDS} rounds, seeds {', '.join(map(str, r['seeds']))}"
+    )
+
+
+def plot(tag: str, regime: str, names: list[str], title: str) -> Path | None:
+    """Accuracy vs round of the rows' archived runs (mean over seeds, min-max band),
+    the accuracy-prior dashed."""
+    runs = [e.run for n in names for e in entries(regime, n)]
+    if not runs:
+        return None
+    return plot_accuracy(runs, DOCS / f"{tag}-{regime}.png", title=title)
+
+
+def plot_without_shared(tag: str, regime: str, names: list[str]) -> Path | None:
+    """Accuracy with (solid) and without (dashed) the shared part, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for name in names:
+        es = entries(regime, name)
+        if not es:
+            continue
+        for key, style in (("accuracy", "-"), ("accuracy-without-shared", "--")):
+            curves = [[r.get(key) for r in e.run.rounds] for e in es]
+            if any(v is None for c in curves for v in c):
+                continue
+            ys = [statistics.fmean(v) for v in zip(*curves, strict=True)]
+            label = LABELS.get(name, name) + ("" if key == "accuracy" else ", without shared")
+            ax.plot(range(1, len(ys) + 1), ys, style, label=label)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    priors = [e.summary["accuracy-prior"] for n in names for e in entries(regime, n)
+              if e.summary.get("accuracy-prior")]  # fmt: skip
+    if priors:
+        ax.axhline(statistics.fmean(priors), linestyle=":", color="gray", label="accuracy-prior")
+    ax.set_xlabel("round")
+    ax.set_ylabel("personalized accuracy")
+    ax.set_title(f"{tag}: with and without the shared part ({regime})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = DOCS / f"{tag}-without-shared-{regime}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_tiers(regime: str, name: str = "fedara") -> Path | None:
+    """Per-tier accuracy vs round (mean over seeds) against the accuracy-prior."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    es = entries(regime, name)
+    if not es:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = [tier_accuracy(es, i) for i in range(ROUNDS)]
+    for tier in curves[-1]:
+        ax.plot(range(1, ROUNDS + 1), [c.get(tier, float("nan")) for c in curves],
+                label=f"rank ratio {tier:g}")  # fmt: skip
+    ax.plot(range(1, ROUNDS + 1), [statistics.fmean(r) for r in zip(
+        *[[x["accuracy"] for x in e.run.rounds] for e in es], strict=True)],
+        color="black", label="all clients (Σcorrect/Σsamples)")  # fmt: skip
+    ax.axhline(statistics.fmean(e.summary["accuracy-prior"] for e in es), linestyle="--",
+               color="gray", label="accuracy-prior")  # fmt: skip
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean client accuracy")
+    ax.set_title(f"{LABELS.get(name, name)}: accuracy per tier ({regime})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = DOCS / f"{name}-tiers-{regime}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def image(path: Path | None, alt: str, base: Path) -> list[str]:
+    return [f"![{alt}]({path.relative_to(base)})", ""] if path else []
+
+
+def suite_section(suite: str) -> str:
+    """One suite's tables and plots for docs/results/README.md."""
+    names = [s.name for s in SUITES[suite]]
+    out = [f"## {SUITE_TITLES[suite]}", ""]
+    extra: tuple[str, ...] = ("delta-local", "round5", "prior")
+    if suite == "fedre":
+        extra += ("without-shared", "server")
+    if suite == "fedlora":
+        extra += ("without-shared", "adapter")
+    if suite == "fedara":
+        extra += ("grad-ratio",)
+    for regime in REGIMES:
+        rows = [n for n in ["local", "lgfedavg", *names] if entries(regime, n)]
+        if not rows:
+            continue
+        out += [regime_title(regime), "", table(regime, rows, extra), ""]
+        out += image(plot(suite, regime, rows[: 2 + 4], f"{suite}, {regime}"), suite, DOCS)
+        if suite in ("fedre", "fedlora"):
+            shared = [n for n in rows if n not in ("local",)][:4]
+            out += image(plot_without_shared(suite, regime, shared), suite, DOCS)
+        if suite == "fedara":
+            tiered = [n for n in rows if n.startswith("fedara") and n != "fedara-star"]
+            tiers = tier_table(regime, tiered)
+            if tiers:
+                out += ["Accuracy per tier (last round, mean client accuracy over seeds):", "",
+                        tiers, ""]  # fmt: skip
+                out += image(plot_tiers(regime), "fedara tiers", DOCS)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def results_page() -> str:
+    parts = [
+        "# Benchmark results",
+        "",
+        f"Generated by `python benchmarks/tables.py` from the archived runs under "
+        f"`docs/results/archive/` (produced by `{COMMAND}`; each run is a real `flwr run` "
+        "simulation on 2 CPU cores, identical partitions for every method). A row shows only "
+        "runs made with every setting it has now; `accuracy-prior` is what every client "
+        "predicting its majority training class scores. Column `last − local`: the row's "
+        "mean minus `local`'s.",
+        "",
+    ]
+    for suite in SUITE_TITLES:
+        parts.append(suite_section(suite))
+    return "\n".join(parts)
+
+
+def summary_section() -> str:
+    lines = [
+        "#### All methods",
+        "",
+        f"Produced by `{COMMAND}`; every row runs with the defaults of the run-config table; "
+        "per-suite tables, variants, ablations and plots: [docs/results/README.md]"
+        "(docs/results/README.md). Client computation: the whole training message relative "
+        "to `lgfedavg`'s (`python benchmarks/compute_cost.py`, interleaved in one process).",
+        "",
+    ]
+    for regime in REGIMES:
+        lines += [
+            regime_title(regime) + ", sorted by mean accuracy",
+            "",
+            table(regime, MAIN, ("delta-local", "compute"), sort=True),
+            "",
+        ]
+        es = entries(regime, "local")
+        if es:
+            prior = statistics.fmean(e.summary.get("accuracy-prior") or 0.0 for e in es)
+            lines += [f"accuracy-prior (every client predicts its majority class): {prior:.4f}", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def load(name: str) -> dict | list | None:
+    path = DOCS / name
+    return json.loads(path.read_text()) if path.exists() else None
