@@ -1,10 +1,12 @@
-"""Per-round wall time: deployment (SuperLink + SuperNodes, TLS + auth) vs simulation.
+"""Per-round wall time: simulation, deployment cold (Flower's stock executor: a fresh
+process per message) and deployment warm (``fedhet superexec`` + short polling).
 
-Same small workload both ways: fedre, 3 nodes, Fashion-MNIST ``data.fraction=0.05``,
-Dirichlet 0.1, 4 rounds. Then where the difference goes: in deployment every message
-starts a fresh ClientApp process (Flower 1.42's subprocess isolation), so each round
-pays, per node and per message (train + evaluate), Python start-up + imports + loading
-the data share + building the model. Those are measured in fresh processes, medians.
+Same small workload in all three: fedre, 3 nodes, Fashion-MNIST ``data.fraction=0.05``,
+Dirichlet 0.1, 4 rounds, TLS + node auth in both deployments. Then where a cold
+message's time goes (Python start-up, imports, data share, model; fresh processes,
+medians), what the warm executor pays instead (the warm parent once; a fork per
+message), and the resident memory of a cold ClientApp process against the warm
+parent + one child (copy-on-write shares the imported libraries).
 
     python benchmarks/deployment.py --out benchmarks/out/deployment.json
 """
@@ -89,6 +91,110 @@ def startup_breakdown(cache: Path) -> dict:
     }
 
 
+WARM_PROBE = r"""
+import json, multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from cli.warm import PRELOAD
+
+def mem(pid):
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Private_Clean", "Private_Dirty"):
+                out[key] = int(rest.split()[0]) / 1024
+    return {"rss-mb": out["Rss"], "private-mb": out["Private_Clean"] + out["Private_Dirty"]}
+
+def nothing():
+    pass
+
+def ready(cache, queue):
+    t = time.perf_counter()
+    import client_app.app  # noqa: F401  the app, as a task's child imports it
+    from common.config import parse_run_config
+    from data import load_client_data
+    from models import build_model
+    c = parse_run_config({"data.fraction": 0.05, "data.alpha": 0.1, "data.cache-dir": cache})
+    load_client_data(c.data, 0, 3, 0)
+    build_model("cnn-1", in_channels=1, num_classes=10, image_size=28, feature_dim=500, seed=0)
+    queue.put(time.perf_counter() - t)
+    queue.put(mem(os.getpid()))
+    time.sleep(1)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    t = time.perf_counter()
+    p = ctx.Process(target=nothing); p.start(); p.join()
+    parent_s = time.perf_counter() - t
+    forks = []
+    for _ in range(5):
+        t = time.perf_counter()
+        p = ctx.Process(target=nothing); p.start(); p.join()
+        forks.append(time.perf_counter() - t)
+    q = ctx.Queue()
+    p = ctx.Process(target=ready, args=(sys.argv[2], q)); p.start()
+    child_s, child_mem = q.get(), q.get()
+    from multiprocessing import forkserver
+    parent_mem = mem(forkserver._forkserver._forkserver_pid)
+    p.join()
+    forks.sort()
+    print(json.dumps({"warm-parent-start-s": parent_s, "fork-s": forks[2],
+                      "child-imports-data-model-s": child_s, "child": child_mem,
+                      "parent": parent_mem}))
+"""
+
+COLD_PROBE = r"""
+import json, os, sys, time
+t = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import numpy, torch, flwr.app, flwr.clientapp, flwr.supernode.cli  # what a cold process imports
+import client_app.app  # noqa: F401
+from common.config import parse_run_config
+from data import load_client_data
+from models import build_model
+c = parse_run_config({"data.fraction": 0.05, "data.alpha": 0.1, "data.cache-dir": sys.argv[2]})
+load_client_data(c.data, 0, 3, 0)
+build_model("cnn-1", in_channels=1, num_classes=10, image_size=28, feature_dim=500, seed=0)
+out = {}
+with open("/proc/self/smaps_rollup") as fh:
+    for line in fh:
+        key, _, rest = line.partition(":")
+        if key == "Rss":
+            out["rss-mb"] = int(rest.split()[0]) / 1024
+out["ready-s"] = time.perf_counter() - t
+print(json.dumps(out))
+"""
+
+
+def probe(code: str, cache: Path) -> dict:
+    """Run ``code`` as a script file in a fresh process (a fork server's children
+    import the main module by its path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "probe.py"
+        script.write_text(code)
+        out = subprocess.run(
+            [sys.executable, str(script), str(ROOT), str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def deployment(tmpd: Path, cache: Path, warm: bool) -> list[float]:
+    configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
+    name = "warm" if warm else "cold"
+    with Federation(tmpd / f"fed-{name}", configs, ROOT, secure=True, warm=warm) as fed:
+        outcome = fed.run(overrides(tmpd / name, cache), timeout=1800)
+    if not outcome.ok:
+        raise SystemExit(f"deployment {name}: {outcome.status} ({outcome.log_path})")
+    return round_times(tmpd / name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/deployment.json")
@@ -118,24 +224,23 @@ def main() -> None:
         )
         if not sim.ok:
             raise SystemExit(f"simulation: {sim.status} ({sim.log_path})")
-        configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
-        with Federation(tmpd / "fed", configs, ROOT, secure=True) as fed:
-            dep = fed.run(overrides(tmpd / "dep", cache), timeout=1800)
-        if not dep.ok:
-            raise SystemExit(f"deployment: {dep.status} ({dep.log_path})")
-        sim_t, dep_t = round_times(tmpd / "sim"), round_times(tmpd / "dep")
+        times = {
+            "simulation": round_times(tmpd / "sim"),
+            "deployment-warm": deployment(tmpd, cache, warm=True),
+            "deployment-cold": deployment(tmpd, cache, warm=False),
+        }
         result: dict[str, Any] = {
             "workload": "fedre, 3 nodes, fashion-mnist data.fraction=0.05, dirichlet 0.1, "
-            "4 rounds; deployment with TLS + node auth, subprocess isolation",
-            "round-time-s": {"simulation": sim_t, "deployment": dep_t},
-            "median-excluding-round-1": {
-                "simulation": statistics.median(sim_t[1:]),
-                "deployment": statistics.median(dep_t[1:]),
-            },
+            "4 rounds; deployments with TLS + node auth",
+            "round-time-s": times,
+            "median-excluding-round-1": {k: statistics.median(v[1:]) for k, v in times.items()},
             "per-process": startup_breakdown(cache),
+            "warm": probe(WARM_PROBE, cache),
+            "cold-process": probe(COLD_PROBE, cache),
         }
     med = result["median-excluding-round-1"]
-    result["ratio-deployment-over-simulation"] = med["deployment"] / med["simulation"]
+    result["ratio-warm-over-simulation"] = med["deployment-warm"] / med["simulation"]
+    result["ratio-cold-over-simulation"] = med["deployment-cold"] / med["simulation"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -78,12 +78,20 @@ def supernode_command(
     ca: Path | None,
     key: Path | None,
     node_config: Mapping[str, Scalar],
+    warm: bool = True,
 ) -> list[str]:
-    """``flower-supernode`` with TLS root certificate and its auth key (or insecure)."""
-    cmd = ["flower-supernode", "--superlink", superlink]
+    """The SuperNode with TLS root certificate and its auth key (or insecure).
+
+    ``warm``: ``fedhet supernode`` (Flower's, with short polling) in process isolation,
+    its tasks run by a :func:`superexec_command` next to it; otherwise Flower's stock
+    ``flower-supernode`` starting its own SuperExec (a fresh process per message)."""
+    cmd = ["fedhet", "supernode"] if warm else ["flower-supernode"]
+    cmd += ["--superlink", superlink]
     cmd += ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
     if key is not None:
         cmd += ["--auth-supernode-private-key", str(key)]
+    if warm:
+        cmd += ["--isolation", "process"]
     return cmd + [
         "--host",
         host,
@@ -94,6 +102,12 @@ def supernode_command(
     ]
 
 
+def superexec_command(*, runtime_api: str) -> list[str]:
+    """``fedhet superexec`` (the warm executor) for the SuperNode whose Runtime API is
+    ``runtime_api`` (loopback, plain HTTP, as Flower's own SuperExec connects)."""
+    return ["fedhet", "superexec", "--insecure", "--runtime-api-address", runtime_api]
+
+
 @dataclass
 class Federation:
     """SuperLink + SuperNodes on 127.0.0.1 under ``workdir``; use as a context manager."""
@@ -102,6 +116,8 @@ class Federation:
     node_configs: Sequence[Mapping[str, Scalar]]
     app_dir: Path
     secure: bool = True
+    warm: bool = True
+    """Warm executor (``fedhet superexec``) per node; False: Flower's stock one."""
     echo: Callable[[str], None] | None = None
     port: int = field(default_factory=free_port)
     node_ports: list[int] = field(default_factory=list)
@@ -184,13 +200,20 @@ class Federation:
             ca=self.certs / "ca.crt" if self.certs else None,
             key=key,
             node_config=self.node_configs[i],
+            warm=self.warm,
         )
 
     def start_node(self, i: int) -> subprocess.Popen[bytes]:
-        return self.procs.start(f"supernode-{i}", self.node_command(i))
+        proc = self.procs.start(f"supernode-{i}", self.node_command(i))
+        if self.warm:
+            self.procs.start(
+                f"superexec-{i}", superexec_command(runtime_api=f"127.0.0.1:{self.node_ports[i]}")
+            )
+        return proc
 
     def stop_node(self, i: int, sig: int) -> None:
         self.procs.stop(f"supernode-{i}", sig=sig)
+        self.procs.stop(f"superexec-{i}", sig=sig)
 
     def flwr(self, *args: str, timeout: float = 60) -> str:
         out = subprocess.run(

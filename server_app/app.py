@@ -11,6 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.report import Run, plot_accuracy
+from server_app.grid import PollingGrid
 from server_app.results import Recorded
 from strategies import STRATEGIES
 
@@ -29,6 +30,7 @@ def load_config(context: Context) -> RunConfig:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` rounds of the configured algorithm."""
+    grid = PollingGrid(grid)  # replies every 0.1 s (Flower's HTTP grid polls every 3 s)
     cfg = load_config(context)
     out_dir = cfg.resolved_out_dir(time.strftime("%Y%m%d-%H%M%S"))
     strategy = STRATEGIES[cfg.algorithm](cfg)

@@ -1,0 +1,216 @@
+"""Deployment at simulation speed: a warm ClientApp executor and fast polling.
+
+Flower 1.42 runs every ClientApp task (train or evaluate, per node) in a fresh
+``flwr-clientapp`` process that imports torch and flwr again (seconds on a Raspberry
+Pi), and polls at fixed intervals: SuperNode idle pull 3 s, SuperExec task poll 1 s,
+the ServerApp's HTTP grid 3 s. This module removes both costs without patching
+Flower's files:
+
+* :class:`WarmExecutor`: the SuperExec executor of ``fedhet superexec``. It keeps one
+  warm parent per SuperNode (a ``multiprocessing`` fork server that has imported
+  torch, numpy and flwr, and never the app's own modules, so the code that travels
+  in each run's FAB is what every task imports) and starts each ClientApp task as a
+  fresh child forked from it, running Flower's own ``flwr-clientapp`` entry with
+  exactly the arguments Flower's subprocess executor would pass (TLS settings
+  included). Every task still gets a fresh process; only the import cost is paid
+  once. Other task types go to Flower's subprocess executor.
+* :func:`run_superexec`: Flower's SuperExec with that executor and a 0.05 s task poll.
+* :func:`run_supernode`: Flower's SuperNode with its fixed waits (3 s idle pull,
+  0.5 s reply waits) capped at ``poll`` seconds.
+* ``server_app.grid.PollingGrid`` (server side): ``send_and_receive`` that polls
+  replies every 0.1 s through Flower's public Grid API.
+
+What it relies on in ``flwr==1.42.0`` is listed in :data:`FLOWER_INTERNALS` and
+checked by a test, which names any symbol a future Flower moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import sys
+import time
+import types
+from logging import ERROR, INFO, WARNING
+from typing import Any
+
+FLOWER_INTERNALS = (
+    ("flwr.supercore.superexec.run_superexec", "get_executor"),
+    ("flwr.supercore.superexec.executor.subprocess_executor", "SubprocessExecutor"),
+    ("flwr.supercore.superexec.executor.subprocess_executor", "subprocess"),
+    ("flwr.supercore.superexec.executor.types", "LaunchResult"),
+    ("flwr.supercore.cli.flower_superexec", "flower_superexec"),
+    ("flwr.supercore.constant", "ExecutorType"),
+    ("flwr.supercore.constant", "TaskType"),
+    ("flwr.supernode.cli", "flwr_clientapp"),
+    ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
+    ("flwr.supernode.start_client_internal", "time"),
+)
+"""``(module, attribute)`` pairs of Flower 1.42.0 this module uses or replaces."""
+
+PRELOAD = ["numpy", "torch", "flwr.app", "flwr.clientapp", "flwr.supernode.cli"]
+"""What the warm parent imports once (never the app's own packages)."""
+
+TASK_POLL_S = "0.05"
+SUPERNODE_POLL_S = 0.05
+
+
+def flower_internal(module: str, name: str) -> Any:
+    """``module.name`` or an error naming the symbol Flower moved."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(
+            f"fedhet's warm executor needs {module}.{name} (flwr 1.42.0); this Flower "
+            f"does not have it ({exc}). Use `fedhet federation --cold` or pin flwr==1.42.0."
+        ) from None
+
+
+# --------------------------------------------------------------------- executor
+
+
+def _clientapp_child(argv: list[str], quiet: bool) -> None:
+    """A forked child: Flower's own ``flwr-clientapp`` for one task."""
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"  # its exit path would wait up to 4 s
+    if quiet:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    sys.argv = argv
+    flower_internal("flwr.supernode.cli", "flwr_clientapp")()
+
+
+def flower_command(spec: Any) -> tuple[list[str], bool]:
+    """The ``flwr-clientapp`` command line Flower's subprocess executor would run for
+    ``spec`` (captured from that executor itself), and whether output is suppressed."""
+    module = importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor")
+    seen: list[tuple[list[str], bool]] = []
+
+    def record(args: list[str], **kwargs: Any) -> None:
+        seen.append((list(args), "stdout" in kwargs))
+
+    real = flower_internal(module.__name__, "subprocess")
+    setattr(module, "subprocess", types.SimpleNamespace(Popen=record, DEVNULL=real.DEVNULL))  # noqa: B010
+    try:
+        module.SubprocessExecutor().launch(spec)
+    finally:
+        setattr(module, "subprocess", real)  # noqa: B010
+    if len(seen) != 1:
+        raise RuntimeError("Flower's subprocess executor did not build one command")
+    return seen[0]
+
+
+class WarmExecutor:
+    """SuperExec executor: ClientApp tasks as children of a warm fork server."""
+
+    def __init__(self) -> None:
+        from flwr.supercore import log
+
+        self._log = log
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(PRELOAD)
+        self._children: list[Any] = []
+        self._fallback = flower_internal(
+            "flwr.supercore.superexec.executor.subprocess_executor", "SubprocessExecutor"
+        )()
+        self._result = flower_internal("flwr.supercore.superexec.executor.types", "LaunchResult")
+        self._client_task = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
+        start = time.perf_counter()
+        self._ctx.Process(target=_noop).start()  # start the warm parent now, not on task 1
+        log(INFO, "fedhet warm executor: parent ready in %.1f s", time.perf_counter() - start)
+
+    def get_eligible_capacity(
+        self,
+        supported_task_types: set[Any],
+        *,
+        insecure: bool = False,
+        root_certificates_path: str | None = None,
+    ) -> tuple[set[Any], set[str]]:
+        del insecure, root_certificates_path
+        return supported_task_types, set()
+
+    def wait_for_capacity(self, task_type: Any = None, **kwargs: Any) -> None:
+        del task_type, kwargs
+
+    def launch(self, spec: Any) -> Any:
+        if spec.task_type != self._client_task:
+            return self._fallback.launch(spec)
+        argv, quiet = flower_command(spec)
+        try:
+            child = self._ctx.Process(target=_clientapp_child, args=(argv, quiet))
+            child.start()
+        except Exception as exc:  # noqa: BLE001 - a dead parent must not stop the node
+            self._log(ERROR, "fedhet warm executor could not start task %d: %s", spec.task_id, exc)
+            return self._result.failed(f"fedhet warm executor: {exc}")
+        self._children.append((spec.task_id, child))
+        return self._result.accepted()
+
+    def reconcile(self) -> None:
+        """Collect finished children; a crashed or killed one is logged (its task
+        fails through Flower's own token expiry, as with the stock executor)."""
+        running = []
+        for task_id, child in self._children:
+            if child.exitcode is None:
+                running.append((task_id, child))
+                continue
+            if child.exitcode != 0:
+                self._log(
+                    WARNING,
+                    "fedhet warm executor: task %d ended with exit code %s",
+                    task_id,
+                    child.exitcode,
+                )
+            child.close()
+        self._children = running
+
+    def close(self) -> None:
+        for _, child in self._children:
+            with contextlib.suppress(Exception):
+                child.terminate()
+        self._children = []
+
+
+def _noop() -> None:
+    """The first child: starts the warm parent at executor start-up."""
+
+
+def run_superexec(argv: list[str]) -> None:
+    """Flower's ``flower-superexec`` with :class:`WarmExecutor` (same flags)."""
+    os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    module = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    stock = flower_internal("flwr.supercore.superexec.run_superexec", "get_executor")
+    subprocess_type = flower_internal("flwr.supercore.constant", "ExecutorType").SUBPROCESS
+
+    def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
+        if executor_type == subprocess_type:
+            return WarmExecutor()
+        return stock(executor_type, executor_config, **kwargs)
+
+    setattr(module, "get_executor", get_executor)  # noqa: B010
+    sys.argv = ["flower-superexec", *argv]
+    flower_internal("flwr.supercore.cli.flower_superexec", "flower_superexec")()
+
+
+# --------------------------------------------------------------------- supernode
+
+
+class _CappedSleep(types.ModuleType):
+    """``time`` with ``sleep`` capped at ``poll`` seconds."""
+
+    def __init__(self, real: types.ModuleType, poll: float) -> None:
+        super().__init__("time")
+        self.__dict__.update(vars(real))
+        self.sleep = lambda seconds: real.sleep(min(seconds, poll))  # type: ignore[method-assign]
+
+
+def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
+    """Flower's ``flower-supernode`` with its fixed waits (3 s idle pull, 0.5 s
+    reply waits) capped at ``poll`` seconds (same flags)."""
+    module = importlib.import_module("flwr.supernode.start_client_internal")
+    real = flower_internal("flwr.supernode.start_client_internal", "time")
+    setattr(module, "time", _CappedSleep(real, poll))  # noqa: B010
+    sys.argv = ["flower-supernode", *argv]
+    flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
