@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from common.records import Arrays
+from models.lowrank import torch_threads
 from models.tgp import PrototypeGenerator, adaptive_margin, train_generator
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 from strategies.fedproto import PROTO, class_mean, expected_prototypes
@@ -56,16 +57,17 @@ class FedTGP(HeteroStrategy):
         centres = np.stack(list(class_mean(uploads).values()))
         margin = adaptive_margin(torch.from_numpy(centres), f.margin_threshold)
         gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + server_round)
-        before, after = train_generator(
-            self.generator,
-            torch.from_numpy(np.stack(protos)).float(),
-            torch.tensor(labels),
-            margin,
-            epochs=f.server_epochs,
-            lr=f.server_lr,
-            batch_size=f.server_batch_size,
-            generator=gen,
-        )
+        with torch_threads(1):  # thousands of tiny steps: threads only add overhead
+            before, after = train_generator(
+                self.generator,
+                torch.from_numpy(np.stack(protos)).float(),
+                torch.tensor(labels),
+                margin,
+                epochs=f.server_epochs,
+                lr=f.server_lr,
+                batch_size=f.server_batch_size,
+                generator=gen,
+            )
         self.diagnostics = {
             "margin": margin,
             "server-loss-before": before,

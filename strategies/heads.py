@@ -11,6 +11,7 @@ import torch
 
 from common.records import Arrays
 from models.entangle import train_head
+from models.lowrank import torch_threads
 from strategies.base import NodeInfo
 
 
@@ -64,17 +65,18 @@ def server_step(
     reduction.
     """
     gen = torch.Generator().manual_seed(seed * 100_003 + server_round)
-    w, b, before, after = train_head(
-        torch.from_numpy(head["head.weight"]),
-        torch.from_numpy(head["head.bias"]),
-        torch.from_numpy(inputs),
-        torch.from_numpy(soft_labels),
-        lr=settings.server_lr,
-        epochs=settings.server_epochs,
-        batch_size=settings.server_batch_size,
-        generator=gen,
-        reduction=getattr(settings, "server_loss", "mean"),
-    )
+    with torch_threads(1):  # thousands of tiny steps: threads only add overhead
+        w, b, before, after = train_head(
+            torch.from_numpy(head["head.weight"]),
+            torch.from_numpy(head["head.bias"]),
+            torch.from_numpy(inputs),
+            torch.from_numpy(soft_labels),
+            lr=settings.server_lr,
+            epochs=settings.server_epochs,
+            batch_size=settings.server_batch_size,
+            generator=gen,
+            reduction=getattr(settings, "server_loss", "mean"),
+        )
     return {"head.weight": w.numpy(), "head.bias": b.numpy()}, before, after
 
 

@@ -1,11 +1,15 @@
 """A real federation: SuperLink + 3 SuperNodes as processes on 127.0.0.1, TLS and
-SuperNode authentication on. Every process is started in its own group and killed."""
+SuperNode authentication on, each node's tasks run by the warm executor (``fedhet
+superexec``). Every process is started in its own group and killed."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +90,100 @@ def test_restarted_supernode_resumes_its_personal_model(fed: Federation) -> None
     row = results(fed, "after-restart")["rounds"][0]
     # 2 rounds in the first run + this one: the model came back from the state dir
     assert row["client-train"]["2"]["rounds-trained"] == 3
+
+
+# ---------------------------------------------------------------- warm executor
+
+
+def test_warm_and_cold_executors_give_the_same_metrics(fed: Federation, tmp_path: Path) -> None:
+    """The same run through Flower's stock executor (a fresh process per message):
+    per-round metrics equal the warm path's (test_tls_auth_run_completes, fresh state)."""
+    configs = [
+        {**c, "state-dir": str(tmp_path / "state" / f"node-{i}")}
+        for i, c in enumerate(fed.node_configs)
+    ]
+    with Federation(tmp_path / "cold", configs, ROOT, secure=True, warm=False) as cold:
+        assert not any(name.startswith("superexec") for name in cold.procs.procs)
+        outcome = cold.run(overrides(fed, "cold"), timeout=900)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    warm, stock = results(fed, "first")["rounds"], results(fed, "cold")["rounds"]
+    keys = ("accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
+    assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
+
+
+def _task_children(fed: Federation, node: int) -> list[int]:
+    """Task processes of node ``node``: children of its warm executor's fork server."""
+    from cli.launch import descendants
+
+    superexec = fed.procs.procs[f"superexec-{node}"].pid
+    servers = [
+        p
+        for p in descendants(superexec)
+        if "forkserver" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+    ]
+    return [c for s in servers for c in descendants(s)]
+
+
+def test_a_killed_task_child_fails_only_its_task(fed: Federation) -> None:
+    killed: list[int] = []
+
+    def hunt() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for pid in _task_children(fed, 1):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+            time.sleep(0.02)
+
+    def echo(line: str) -> None:
+        if "[fedhet] fedre:" in line:  # nodes known: the next tasks are round 1's
+            threading.Thread(target=hunt, daemon=True).start()
+
+    outcome = fed.run(
+        overrides(fed, "child-killed", **{"round-timeout": 150.0}), timeout=900, echo=echo
+    )
+    assert killed, "no task child of node 1 was seen"
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    res = results(fed, "child-killed")
+    assert [r["valid-replies"] for r in res["rounds"]] == [2, 3]
+    assert res["rounds"][0]["missing-replies"] + len(res["summary"]["rejected-replies"]) >= 1
+    assert "ended with exit code -9" in (fed.workdir / "logs" / "superexec-1.log").read_text()
+
+
+def test_a_second_run_with_changed_app_code_uses_the_new_code(
+    fed: Federation, tmp_path: Path
+) -> None:
+    """The warm parent never imports the app: each run's FAB is what its tasks run."""
+    app = tmp_path / "app"
+    shutil.copytree(
+        ROOT,
+        app,
+        ignore=shutil.ignore_patterns(".venv*", ".git", ".flwr", "benchmarks", "docs", "tests"),
+    )
+    source = app / "client_app" / "app.py"
+    original = source.read_text()
+    assert '"rounds-trained": run.rounds_trained,' in original
+    markers = []
+    try:
+        for marker in (1, 2):
+            source.write_text(
+                original.replace(
+                    '"rounds-trained": run.rounds_trained,',
+                    f'"rounds-trained": run.rounds_trained, "code-marker": {marker},',
+                )
+            )
+            fed.app_dir = app
+            outcome = fed.run(overrides(fed, f"code-{marker}", **{"num-server-rounds": 1}))
+            assert outcome.ok, outcome.log_path.read_text()[-3000:]
+            train = results(fed, f"code-{marker}")["rounds"][0]["client-train"]
+            markers.append({m["code-marker"] for m in train.values()})
+    finally:
+        fed.app_dir = ROOT
+    assert markers == [{1}, {2}]
+
+
+# ---------------------------------------------------------------- last: leaves node 1 dead
 
 
 def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation) -> None:

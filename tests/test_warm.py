@@ -1,0 +1,102 @@
+"""The warm executor's contract with Flower 1.42 and the server's polling grid."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from cli.warm import FLOWER_INTERNALS, flower_command, flower_internal
+from server_app.grid import PollingGrid
+
+
+@pytest.mark.parametrize(("module", "name"), FLOWER_INTERNALS)
+def test_the_flower_internals_the_warm_executor_uses_exist(module: str, name: str) -> None:
+    """Fails, naming the symbol, when a Flower other than 1.42.0 moved it."""
+    assert flower_internal(module, name) is not None
+
+
+def test_a_moved_symbol_is_named_in_the_error() -> None:
+    with pytest.raises(RuntimeError, match=r"flwr\.supernode\.cli\.no_such_entry"):
+        flower_internal("flwr.supernode.cli", "no_such_entry")
+
+
+def _spec(**kwargs):  # type: ignore[no-untyped-def]
+    types = flower_internal("flwr.supercore.superexec.executor.types", "ExecutionSpec")
+    task = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
+    base = {
+        "task_type": task,
+        "runtime_api_address": "127.0.0.1:9094",
+        "token": "tok",
+        "insecure": True,
+        "root_certificates_path": None,
+        "runtime_dependency_install": False,
+        "parent_pid": 77,
+        "suppress_output": False,
+        "task_id": 5,
+    }
+    return types(**{**base, **kwargs})
+
+
+def test_tls_and_insecure_settings_pass_through_as_flower_passes_them() -> None:
+    argv, quiet = flower_command(_spec())
+    assert argv[:5] == [
+        "flwr-clientapp",
+        "--runtime-api-address",
+        "127.0.0.1:9094",
+        "--token",
+        "tok",
+    ]
+    assert "--insecure" in argv and "--root-certificates" not in argv
+    assert argv[argv.index("--parent-pid") + 1] == "77" and not quiet
+    argv, quiet = flower_command(
+        _spec(insecure=False, root_certificates_path="/c/ca.crt", suppress_output=True)
+    )
+    assert argv[argv.index("--root-certificates") + 1] == "/c/ca.crt"
+    assert "--insecure" not in argv and quiet
+    # the capture left Flower's module as it was
+    module = __import__(
+        "flwr.supercore.superexec.executor.subprocess_executor", fromlist=["subprocess"]
+    )
+    assert module.subprocess.Popen.__module__ == "subprocess"
+
+
+class SlowGrid:
+    """Replies arrive over several pulls; records when each pull happened."""
+
+    def __init__(self, batches: list[int]) -> None:
+        self.batches, self.pulls, self.sent = batches, [], []
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        self.sent = list(messages)
+        return [m.metadata.message_id or f"m{i}" for i, m in enumerate(self.sent)]
+
+    def pull_messages(self, ids):  # type: ignore[no-untyped-def]
+        self.pulls.append(time.monotonic())
+        take = self.batches.pop(0) if self.batches else 0
+        out = []
+        for mid in sorted(ids)[:take]:
+            reply = Message(
+                RecordDict({"config": ConfigRecord()}), dst_node_id=1, message_type="train.x"
+            )
+            reply.metadata.__dict__["_reply_to_message_id"] = mid
+            out.append(reply)
+        return out
+
+
+def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
+    inner = SlowGrid([0, 1, 0, 2])
+    msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(3)]
+    start = time.monotonic()
+    replies = list(PollingGrid(inner, interval=0.05).send_and_receive(msgs, timeout=10))  # type: ignore[arg-type]
+    assert len(replies) == 3 and len(inner.pulls) == 4
+    assert time.monotonic() - start < 1.0  # Flower's HTTP grid would wait 3 s per pull
+
+
+def test_polling_grid_stops_at_the_timeout() -> None:
+    inner = SlowGrid([])
+    msgs = [Message(RecordDict(), dst_node_id=1, message_type="train.x")]
+    start = time.monotonic()
+    replies = list(PollingGrid(inner, interval=0.05).send_and_receive(msgs, timeout=0.3))  # type: ignore[arg-type]
+    assert replies == [] and 0.3 <= time.monotonic() - start < 1.0
