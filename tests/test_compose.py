@@ -15,7 +15,7 @@ import pytest
 import tomllib
 import yaml
 
-from cli.federation import superlink_command, supernode_command
+from cli.federation import superexec_command, superlink_command, supernode_command
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / ".venv-compose" / "bin" / "docker-compose"
@@ -46,7 +46,8 @@ def test_superlink_command_is_the_loopback_one(compose: dict) -> None:
 
 
 def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -> None:
-    nodes = {k: v for k, v in compose["services"].items() if k.startswith("supernode-")}
+    services = compose["services"]
+    nodes = {k: v for k, v in services.items() if k.startswith("supernode-")}
     assert len(nodes) == 3
     seen = []
     for name, svc in sorted(nodes.items()):
@@ -63,15 +64,50 @@ def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -
             key=Path(f"/keys/node-{i}"),
             node_config=parsed,
         )
-        assert cmd == want
+        assert cmd == want and "--isolation" in cmd  # warm: process isolation
         assert parsed["partition-id"] == i and parsed["num-partitions"] == 3
         assert parsed["state-dir"] == "/state"
         seen.append(parsed["profile"])
-        mounts = {v.split(":")[1] for v in svc["volumes"]}
-        assert {"/certs", "/keys", "/state"} <= mounts
+        assert {v.split(":")[1] for v in svc["volumes"]} >= {"/certs", "/keys"}
         assert "healthcheck" in svc
         assert svc["depends_on"]["register"]["condition"] == "service_completed_successfully"
+        # its tasks: the warm executor, with the node's data cache and personal state
+        executor = services[f"superexec-{i}"]
+        assert executor["command"] == superexec_command(runtime_api=f"{name}:9094")
+        assert {v.split(":")[1] for v in executor["volumes"]} >= {
+            "/state",
+            "/home/fedhet/.cache/fedhet",
+        }
+        assert executor["depends_on"][name]["condition"] == "service_healthy"
     assert len(set(seen)) == 3
+
+
+def test_keys_reach_the_containers_through_an_init_step_not_weaker_files(compose: dict) -> None:
+    """The host files stay as `fedhet certs/keys` wrote them (0600); the init service
+    copies them into volumes owned by the image's user, private keys 0400."""
+    services = compose["services"]
+    init = services["init"]
+    assert init["user"] == "root" and init["restart"] == "no"
+    script = " ".join(init["command"])
+    assert "chown -R 10001:10001 /certs /keys /results" in script
+    assert "chmod 0400 /certs/server.key" in script
+    host_sources = [v for v in init["volumes"] if v.split(":")[1].startswith("/src/")]
+    assert len(host_sources) == 2 and all(v.endswith(":ro") for v in host_sources)
+    for name, svc in services.items():
+        if name != "init" and any(
+            v.split(":")[1] in ("/certs", "/keys") for v in svc.get("volumes", [])
+        ):
+            assert all(
+                v.endswith(":ro") for v in svc["volumes"] if v.split(":")[1] in ("/certs", "/keys")
+            )
+    assert (
+        services["superlink"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    )
+    # the run's results.json and plot land on the host
+    results = [
+        v for v in services["superlink"]["volumes"] if ":/home/fedhet/fedhet-runs" in v
+    ]
+    assert results and results[0].split(":")[0].endswith("deploy/results")
 
 
 def test_registration_and_health_checks(compose: dict) -> None:
@@ -89,3 +125,7 @@ def test_dockerfile_pins_and_copies_every_package() -> None:
         assert re.search(rf"^COPY {package} {package}$", text, re.M), package
     assert "torch==2.14.1" in text and "torchvision==0.29.1" in text
     assert "download.pytorch.org/whl/cpu" in text  # CPU wheels for amd64 and arm64
+    assert re.search(r"^ARG BASE=python:3.11-slim-bookworm$", text, re.M)
+    # a build CA bundle is used in the build stage only: the final stage copies the venv
+    final = text.rsplit("FROM ", 1)[1]
+    assert "build-ca" not in final and "COPY --from=build /opt/fedhet /opt/fedhet" in final
