@@ -63,7 +63,7 @@ def bare_loop(rounds: int, threads: int) -> list[float]:
             train(model, d.x_train, d.y_train, sgd, gen)
             heads.append({k: v.numpy() for k, v in model.head.state_dict().items()})
             weights.append(len(d.y_train))
-        head = {k: torch.from_numpy(v) for k, v in weighted_mean(heads, weights).items()}
+        head = {k: torch.from_numpy(v) for k, v in weighted_mean(heads, weights, heads[0]).items()}
         for model, d in zip(models, datas, strict=True):
             model.head.load_state_dict(head)
             evaluate(model, d.x_test, d.y_test)

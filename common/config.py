@@ -259,7 +259,12 @@ class RunConfig(_Section):
     min_train_nodes: int = Field(2, ge=1)
     min_evaluate_nodes: int = Field(2, ge=0)
     min_available_nodes: int = Field(2, ge=1)
-    min_valid_replies: int = Field(1, ge=1)
+    min_valid_replies: float = Field(0, ge=0)
+    """Valid training replies a round needs: a count (≥ 1), a fraction of the
+    sampled nodes (below 1), or 0: half of the sampled nodes for algorithms that
+    replace a whole shared model by a mean, one reply otherwise."""
+    max_weight_share: float = Field(1.0, gt=0, le=1)
+    """Largest share any one reply may have in a weighted mean (1: off)."""
     round_timeout: float = Field(3600.0, gt=0)
     eval_every: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)

@@ -56,11 +56,13 @@ def shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
 def invalid_reason(
     arrays: Mapping[str, np.ndarray],
     expected: Mapping[str, tuple[int, ...]] | None = None,
+    dtype: np.dtype | type | None = np.float32,
 ) -> str | None:
     """Why ``arrays`` must not be aggregated, or ``None`` when they are fine.
 
-    Checks, in order: the exact key set and shapes (when ``expected`` is given), a
-    numeric dtype, and that every floating value is finite.
+    Checks, in order: the exact key set and shapes (when ``expected`` is given), the
+    dtype (exactly ``dtype``, the one the server sends; ``None``: any real number
+    type), and that every floating value is finite.
     """
     if expected is not None:
         missing = sorted(set(expected) - set(arrays))
@@ -71,15 +73,18 @@ def invalid_reason(
             if tuple(arrays[key].shape) != tuple(shape):
                 return f"wrong shape for '{key}': {arrays[key].shape} != {shape}"
     for key, value in arrays.items():
-        if not np.issubdtype(value.dtype, np.number):
-            return f"non-numeric dtype {value.dtype} for '{key}'"
+        if dtype is not None and value.dtype != np.dtype(dtype):
+            return f"dtype {value.dtype} for '{key}' (expected {np.dtype(dtype)})"
+        if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
+            return f"non-real dtype {value.dtype} for '{key}'"
         if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
             return f"non-finite values in '{key}'"
     return None
 
 
-def weighted_mean(arrays: Sequence[Arrays], weights: Sequence[float]) -> Arrays:
-    """Σ_k w_k / Σw · arrays_k, key by key, in float64 then cast back.
+def weighted_mean(arrays: Sequence[Arrays], weights: Sequence[float], like: Arrays) -> Arrays:
+    """Σ_k w_k / Σw · arrays_k, key by key, in float64, cast to the dtype of the same
+    key in ``like`` (the global state: a reply never changes the global's dtype).
 
     Summation follows the order of ``arrays``; callers sort replies (by partition)
     so the result does not depend on reply arrival order.
@@ -94,5 +99,29 @@ def weighted_mean(arrays: Sequence[Arrays], weights: Sequence[float]) -> Arrays:
         acc = np.zeros(ref.shape, dtype=np.float64)
         for item, weight in zip(arrays, weights, strict=True):
             acc += item[key].astype(np.float64) * (weight / total)
-        out[key] = acc.astype(ref.dtype)
+        out[key] = acc.astype(like[key].dtype)
     return out
+
+
+def capped_shares(weights: Sequence[float], cap: float = 1.0) -> list[float]:
+    """``weights`` normalised to sum 1 with no share above ``cap``: shares over the
+    cap are set to it and the excess goes to the others in proportion to their
+    weights, until none is over (a cap below 1/n gives equal shares)."""
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to a positive number, got {total}")
+    shares = [w / total for w in weights]
+    if cap >= 1.0:
+        return shares
+    if cap * len(shares) <= 1.0:
+        return [1.0 / len(shares)] * len(shares)
+    fixed: set[int] = set()
+    while True:
+        over = [i for i, s in enumerate(shares) if i not in fixed and s > cap + 1e-15]
+        if not over:
+            return shares
+        fixed.update(over)
+        free = [i for i in range(len(shares)) if i not in fixed]
+        rest = 1.0 - cap * len(fixed)
+        mass = sum(weights[i] for i in free)
+        shares = [cap if i in fixed else rest * weights[i] / mass for i in range(len(shares))]

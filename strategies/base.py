@@ -8,9 +8,11 @@ the node instead of failing the round.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Iterable
+from dataclasses import replace
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -22,7 +24,15 @@ from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from common.config import RunConfig
-from common.records import Arrays, invalid_reason, shapes, to_numpy, to_record
+from common.records import (
+    Arrays,
+    capped_shares,
+    invalid_reason,
+    shapes,
+    to_numpy,
+    to_record,
+    weighted_mean,
+)
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
 
 __all__ = ["HeteroStrategy", "NodeInfo", "Upload"]
@@ -40,6 +50,9 @@ class HeteroStrategy(Strategy):
     """
 
     name: ClassVar[str] = ""
+    shares_model: ClassVar[bool] = False
+    """Replaces a whole shared model by a mean of replies (its default
+    ``min-valid-replies`` is half of the sampled nodes; otherwise one reply)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -248,7 +261,27 @@ class HeteroStrategy(Strategy):
             assert upload is not None
             uploads.append(upload)
             self.last_train[upload.node.partition_id] = upload.metrics
-        return sorted(uploads, key=lambda u: u.node.partition_id)
+        uploads.sort(key=lambda u: u.node.partition_id)
+        if not uploads:
+            return []
+        shares = capped_shares([u.num_examples for u in uploads], self.cfg.max_weight_share)
+        return [replace(u, weight=w) for u, w in zip(uploads, shares, strict=True)]
+
+    def mean_of(self, uploads: list[Upload]) -> Arrays:
+        """The uploads' weighted mean (``Upload.weight``), in the global's dtypes."""
+        return weighted_mean(
+            [u.arrays for u in uploads], [u.weight for u in uploads], self.global_arrays
+        )
+
+    def min_valid(self) -> int:
+        """Valid replies a round needs (``min-valid-replies``: a count ≥ 1, a fraction
+        of the nodes sampled this round below 1, 0: the algorithm's default)."""
+        want = self.cfg.min_valid_replies
+        if want == 0:
+            want = 0.5 if self.shares_model else 1
+        if want >= 1:
+            return int(want)
+        return max(1, math.ceil(want * len(self.awaiting)))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -265,12 +298,13 @@ class HeteroStrategy(Strategy):
                 self.missing,
             )
         uploads = self.valid_uploads(server_round, replies)
-        if len(uploads) < self.cfg.min_valid_replies:
+        if len(uploads) < self.min_valid():
             log(
                 WARNING,
-                "round %d: %d valid replies (< min-valid-replies=%d); global state unchanged",
+                "round %d: %d valid replies (< %d, min-valid-replies=%g); global state unchanged",
                 server_round,
                 len(uploads),
+                self.min_valid(),
                 self.cfg.min_valid_replies,
             )
             return None, None
@@ -346,7 +380,7 @@ class HeteroStrategy(Strategy):
         log(
             INFO,
             "\t├──> %s: fraction-train %.2f, fraction-evaluate %.2f, "
-            "eval-every %d, min-valid-replies %d",
+            "eval-every %d, min-valid-replies %g",
             self.name,
             self.cfg.fraction_train,
             self.cfg.fraction_evaluate,

@@ -51,6 +51,7 @@ class FedARA(HeteroStrategy):
     """
 
     name = "fedara"
+    shares_model = True
 
     def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
         super().__init__(cfg)
@@ -136,7 +137,7 @@ class FedARA(HeteroStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         states = [self._extractor(u.arrays) for u in uploads]
-        weights = [u.num_examples for u in uploads]
+        weights = [u.weight for u in uploads]
         # each reply's factor product back on the global's scale: divided by its gain
         scales = [
             {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
@@ -144,9 +145,9 @@ class FedARA(HeteroStrategy):
         self.diagnostics = self.spectrum_diagnostics()
         mean = weighted_reconstruction(states, weights, self.layer_shapes, product_scales=scales)
         if self.cfg.fedara.aggregation in ("delta", "coverage"):
-            self._add_served_residuals(mean, uploads, float(sum(weights)))
+            self._add_served_residuals(mean, uploads)
         if self.cfg.fedara.aggregation == "coverage":
-            self._normalise_by_coverage(mean, uploads, float(sum(weights)))
+            self._normalise_by_coverage(mean, uploads)
         # a new global state: decompose again on demand
         self._served, self._svds, self._gains = {}, {}, {}
         self.version += 1
@@ -185,9 +186,7 @@ class FedARA(HeteroStrategy):
         self.served(tier)
         return self._gains.get(tier, {})
 
-    def _normalise_by_coverage(
-        self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
-    ) -> None:
+    def _normalise_by_coverage(self, mean: dict[str, torch.Tensor], uploads: list[Upload]) -> None:
         """``W + Δ`` -> ``W + Δ'``: each direction of the global's singular basis gets
         the mean update of the replies whose rank covers it (see
         :func:`coverage_normalised`)."""
@@ -200,7 +199,7 @@ class FedARA(HeteroStrategy):
             cover, tail = torch.zeros(depth, dtype=torch.float64), 0.0
             for u in uploads:
                 ratio, layers = self.tier(u.node)
-                w = u.num_examples / total
+                w = u.weight
                 if ratio >= 1 or name not in layers:
                     cover += w
                     tail += w
@@ -210,16 +209,14 @@ class FedARA(HeteroStrategy):
             before = full[key].double()
             mean[key] = before + coverage_normalised(mean[key] - before, svd, cover, tail)
 
-    def _add_served_residuals(
-        self, mean: dict[str, torch.Tensor], uploads: list[Upload], total: float
-    ) -> None:
+    def _add_served_residuals(self, mean: dict[str, torch.Tensor], uploads: list[Upload]) -> None:
         """``mean += Σ_t w_t (W − U_t V_tᵀ)`` over the truncated tiers that replied
         (``w_t``: the tier's share of the replies' samples)."""
         shares: dict[Tier, float] = {}
         for u in uploads:
             tier = self.tier(u.node)
             if tier[0] < 1:
-                shares[tier] = shares.get(tier, 0.0) + u.num_examples / total
+                shares[tier] = shares.get(tier, 0.0) + u.weight
         full = self._extractor()
         for tier, share in sorted(shares.items()):
             served = self._extractor(self.served(tier))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.records import Arrays, weighted_mean
+from common.records import Arrays
 from strategies.base import HeteroStrategy, Upload
 
 
@@ -16,6 +16,7 @@ class FedAvg(HeteroStrategy):
     """
 
     name = "fedavg"
+    shares_model = True
 
     def init_global(self) -> Arrays:
         model = self.shared_model(
@@ -24,4 +25,4 @@ class FedAvg(HeteroStrategy):
         return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
+        return self.mean_of(uploads)

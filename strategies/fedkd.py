@@ -37,6 +37,7 @@ class FedKD(HeteroStrategy):
     """
 
     name = "fedkd"
+    shares_model = True
 
     def init_global(self) -> Arrays:
         model = self.build_for_nodes(shared_arch(self, self.cfg.fedkd.mentee_arch))
@@ -61,12 +62,11 @@ class FedKD(HeteroStrategy):
         return invalid_reason(arrays, wanted)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        total = float(sum(u.num_examples for u in uploads))
         new: Arrays = {}
         for key, value in self.global_arrays.items():
             acc = value.astype(np.float64)
             for u in uploads:
-                acc = acc + update_of(u.arrays, key, value.shape) * (u.num_examples / total)
+                acc = acc + update_of(u.arrays, key, value.shape) * u.weight
             new[key] = acc.astype(value.dtype)
         sent = sum(v.size for u in uploads for v in u.arrays.values())
         dense = sum(v.size for v in self.global_arrays.values()) * len(uploads)

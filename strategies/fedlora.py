@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common.records import Arrays, weighted_mean
+from common.records import Arrays
 from models.adapter import ADAPTERS, LoRA, module_key
 from strategies.base import HeteroStrategy, Upload
 from strategies.heads import common_head_shape
@@ -22,6 +22,7 @@ class FedLoRA(HeteroStrategy):
     """
 
     name = "fedlora"
+    shares_model = True
 
     def init_global(self) -> Arrays:
         d, c = common_head_shape(self.nodes.values())
@@ -36,4 +37,4 @@ class FedLoRA(HeteroStrategy):
         return out
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
+        return self.mean_of(uploads)

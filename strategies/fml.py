@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.records import Arrays, weighted_mean
+from common.records import Arrays
 from models import smallest_arch
 from strategies.base import HeteroStrategy, Upload
 
@@ -46,9 +46,10 @@ class FML(HeteroStrategy):
     """
 
     name = "fml"
+    shares_model = True
 
     def init_global(self) -> Arrays:
         return float_state(self.build_for_nodes(shared_arch(self, self.cfg.fml.meme_arch)), MEME)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
+        return self.mean_of(uploads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.records import Arrays, weighted_mean
+from common.records import Arrays
 from strategies.base import HeteroStrategy, Upload
 from strategies.heads import initial_head
 
@@ -19,9 +19,10 @@ class LGFedAvg(HeteroStrategy):
     """
 
     name = "lgfedavg"
+    shares_model = True
 
     def init_global(self) -> Arrays:
         return initial_head(self.nodes.values(), self.cfg.seed)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        return weighted_mean([u.arrays for u in uploads], [u.num_examples for u in uploads])
+        return self.mean_of(uploads)

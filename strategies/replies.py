@@ -109,6 +109,9 @@ class Upload:
     arrays: Arrays
     num_examples: int
     metrics: dict[str, float]
+    weight: float = 0.0
+    """Share of this reply in a weighted mean (its examples' share, capped at
+    ``max-weight-share``; the valid replies of a round sum to 1)."""
 
 
 def train_upload(reply: Message, node: NodeInfo | None) -> tuple[Upload | None, str | None]:
@@ -131,6 +134,8 @@ def train_upload(reply: Message, node: NodeInfo | None) -> tuple[Upload | None, 
     num = metrics.get("num-examples")
     if num is None or not math.isfinite(num) or num <= 0:
         return None, f"bad num-examples {content.metric_records['metrics'].get('num-examples')!r}"
+    if node.num_train > 0 and num != node.num_train:
+        return None, f"num-examples {num:g} != the node's reported num-train {node.num_train}"
     arrays = to_numpy(content.array_records["arrays"])
     return Upload(node=node, arrays=arrays, num_examples=int(num), metrics=metrics), None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from common.config import parse_run_config
@@ -36,6 +38,13 @@ def node(
 def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroStrategy:
     s = cls(parse_run_config(cfg))
     s.nodes = {n.node_id: n for n in nodes}
+    return s
+
+
+def sized(s: HeteroStrategy, sizes: dict[int, int]) -> HeteroStrategy:
+    """Set the nodes' reported training-set sizes (a reply's num-examples must match)."""
+    for nid, n in sizes.items():
+        s.nodes[nid] = replace(s.nodes[nid], num_train=n)
     return s
 
 

@@ -104,9 +104,7 @@ def test_keys_reach_the_containers_through_an_init_step_not_weaker_files(compose
         services["superlink"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
     )
     # the run's results.json and plot land on the host
-    results = [
-        v for v in services["superlink"]["volumes"] if ":/home/fedhet/fedhet-runs" in v
-    ]
+    results = [v for v in services["superlink"]["volumes"] if ":/home/fedhet/fedhet-runs" in v]
     assert results and results[0].split(":")[0].endswith("deploy/results")
 
 

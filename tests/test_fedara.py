@@ -18,7 +18,7 @@ from common.records import to_numpy
 from models import build_model
 from models.lowrank import factorisable_layers, layer_rank, param_count
 from strategies.fedara import FedARA
-from tests.replies import node, reply, strategy
+from tests.replies import node, reply, sized, strategy
 from tests.support import client_context, run_inprocess
 
 LAYERS = "fc1,fc2"
@@ -117,6 +117,7 @@ def test_aggregation_rules_against_their_closed_forms(rule: str, scale: str) -> 
         for nid, g in zip((100, 101, 102), gains, strict=True)
     ]
     uploads, weights = _random_uploads(s), [30, 50, 20]
+    sized(s, {100: 30, 101: 50, 102: 20})
     full = [_unscale(_rebuilt(s, up), g) for up, g in zip(uploads, gains, strict=True)]
     arrays, _ = s.aggregate_train(
         1, [reply(n, u, w) for n, u, w in zip((100, 101, 102), uploads, weights, strict=True)]
@@ -211,6 +212,7 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
         cfg = {"fedara.aggregation": rule, "fedara.served-scale": scale}
         s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **cfg)
         old = {k: v.copy() for k, v in s.global_arrays.items()}
+        sized(s, {nid: 40 + nid for nid in s.nodes})
         replies = [reply(nid, s.payload(1, s.nodes[nid]), 40 + nid) for nid in sorted(s.nodes)]
         arrays, _ = s.aggregate_train(1, replies)
         got = to_numpy(arrays)
@@ -240,8 +242,8 @@ def test_poisoned_reply_is_ignored(poison: str) -> None:
     else:  # node 101 answers with the factors of another tier
         bad = good
     ref = fedara([0.5, 0.25])
-    want, _ = ref.aggregate_train(1, [reply(100, good, 10)])
-    got, _ = s.aggregate_train(1, [reply(100, good, 10), reply(101, bad, 10)])
+    want, _ = ref.aggregate_train(1, [reply(100, good, 100)])
+    got, _ = s.aggregate_train(1, [reply(100, good, 100), reply(101, bad, 100)])
     for k in want:
         np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
     assert [n for _, n, _ in s.rejected] == [101]

@@ -15,7 +15,7 @@ from common.records import to_numpy
 from models import build_model, family_archs
 from models.adapter import ADAPTERS, adapter_shapes, attach_adapters
 from strategies.fedlora import FedLoRA
-from tests.replies import node, reply, strategy
+from tests.replies import node, reply, sized, strategy
 from tests.support import client_context, run_inprocess
 
 
@@ -126,6 +126,7 @@ def test_aggregation_is_the_weighted_mean_and_poison_is_ignored() -> None:
     ]
     bad = {k: v.copy() for k, v in ups[2].items()}
     bad["adapters.head.B"][0, 0] = np.inf
+    sized(s, {10: 1, 11: 3, 12: 100})
     arrays, _ = s.aggregate_train(
         1, [reply(10, ups[0], 1), reply(11, ups[1], 3), reply(12, bad, 100)]
     )

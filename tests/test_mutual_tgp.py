@@ -18,7 +18,7 @@ from models.tgp import PrototypeGenerator, adaptive_margin, margin_loss, train_g
 from strategies.fedkd import FedKD
 from strategies.fedtgp import FedTGP
 from strategies.fml import FML
-from tests.replies import node, reply, strategy
+from tests.replies import node, reply, sized, strategy
 from tests.support import client_context, run_inprocess
 
 # ------------------------------------------------------------------ FedTGP
@@ -74,14 +74,14 @@ def test_fedtgp_strategy_broadcasts_every_class_and_records_the_margin() -> None
     assert s.global_arrays == {}  # round 1: no prototypes yet
     up_a = {"proto.0": np.array([0, 0, 0], np.float32), "proto.1": np.array([2, 0, 0], np.float32)}
     up_b = {"proto.1": np.array([4, 0, 0], np.float32), "proto.2": np.array([3, 4, 0], np.float32)}
-    arrays, _ = s.aggregate_train(1, [reply(10, up_a, 10), reply(11, up_b, 10)])
+    arrays, _ = s.aggregate_train(1, [reply(10, up_a, 100), reply(11, up_b, 100)])
     got = to_numpy(arrays)
     assert sorted(got) == [f"proto.{c}" for c in range(4)] and got["proto.0"].shape == (3,)
     # centres: c0 (0,0,0), c1 (3,0,0), c2 (3,4,0): nearest distances 3, 3, 4 -> margin 4
     assert s.diagnostics["margin"] == pytest.approx(4.0)
     assert s.diagnostics["server-loss-after"] < s.diagnostics["server-loss-before"]
     bad = {"proto.3": np.array([1, 1, 1], np.float32)}  # a class node 11 does not have
-    s.aggregate_train(2, [reply(10, up_a, 10), reply(11, bad, 10)])
+    s.aggregate_train(2, [reply(10, up_a, 100), reply(11, bad, 100)])
     assert [n for _, n, _ in s.rejected] == [11]
 
 
@@ -166,6 +166,7 @@ def test_fedkd_reconstructs_and_averages_compressed_updates() -> None:
     uploads = [dict(updates[0]), {k: v for k, v in updates[1].items() if k != key}]
     uploads[1][key + ".us"], uploads[1][key + ".vt"] = us.numpy(), vt.numpy()
     old = {k: v.copy() for k, v in s.global_arrays.items()}
+    sized(s, {10: 1, 11: 3})
     arrays, _ = s.aggregate_train(1, [reply(10, uploads[0], 1), reply(11, uploads[1], 3)])
     got = to_numpy(arrays)
     for k in old:
@@ -195,7 +196,7 @@ def test_fedkd_rejects_malformed_updates(poison: str) -> None:
             np.zeros((rows, 1), np.float32),
             np.zeros((1, cols), np.float32),
         )
-    arrays, _ = s.aggregate_train(1, [reply(12, up, 5)])
+    arrays, _ = s.aggregate_train(1, [reply(12, up, 100)])
     assert arrays is None and [n for _, n, _ in s.rejected] == [12]
 
 
@@ -208,6 +209,7 @@ def test_fml_averages_memes_sample_weighted() -> None:
         {k: rng.normal(size=v.shape).astype(np.float32) for k, v in s.global_arrays.items()}
         for _ in range(2)
     ]
+    sized(s, {10: 1, 11: 3})
     arrays, _ = s.aggregate_train(1, [reply(10, ups[0], 1), reply(11, ups[1], 3)])
     got = to_numpy(arrays)
     for k in got:

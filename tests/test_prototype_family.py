@@ -128,7 +128,7 @@ def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
     s = _fedre()
     pairs = [_pair(i) for i in range(4)]
     before = s.global_arrays
-    arrays, _ = s.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(pairs)])
+    arrays, _ = s.aggregate_train(1, [reply(10 + i, p, 100) for i, p in enumerate(pairs)])
     x = torch.from_numpy(np.concatenate([p["rep"] for p in pairs]))
     y = torch.from_numpy(np.concatenate([p["soft-label"] for p in pairs]))
 
@@ -152,7 +152,7 @@ def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
 def test_fedre_poisoned_reply_is_ignored(poison: str) -> None:
     good = [_pair(i) for i in range(3)]
     ref = _fedre()
-    want, _ = ref.aggregate_train(1, [reply(10 + i, p, 50) for i, p in enumerate(good)])
+    want, _ = ref.aggregate_train(1, [reply(10 + i, p, 100) for i, p in enumerate(good)])
     bad = _pair(9)
     if poison == "nan":
         bad["rep"][0, 0] = np.nan
@@ -164,7 +164,7 @@ def test_fedre_poisoned_reply_is_ignored(poison: str) -> None:
         bad["extra"] = bad["rep"]
     s = _fedre()
     got, _ = s.aggregate_train(
-        1, [reply(10 + i, p, 50) for i, p in enumerate(good)] + [reply(13, bad, 50)]
+        1, [reply(10 + i, p, 100) for i, p in enumerate(good)] + [reply(13, bad, 100)]
     )
     for k in want:
         np.testing.assert_array_equal(got[k].numpy(), want[k].numpy())
@@ -185,7 +185,7 @@ def test_fedproto_per_class_mean_with_disjoint_class_sets() -> None:
         }
         for n in (a, b, c)
     }
-    arrays, _ = s.aggregate_train(1, [reply(nid, u, 10) for nid, u in up.items()])
+    arrays, _ = s.aggregate_train(1, [reply(nid, u, 100) for nid, u in up.items()])
     got = to_numpy(arrays)
     assert sorted(got) == ["proto.0", "proto.1", "proto.2", "proto.3"]
     np.testing.assert_allclose(got["proto.0"], up[10]["proto.0"], rtol=1e-6)
@@ -208,7 +208,7 @@ def test_fedproto_rejects_prototypes_of_classes_a_client_lacks() -> None:
     a = node(10, 0, counts=(5, 5, 0, 0))
     s = strategy(FedProto, [a])
     z = np.zeros(500, np.float32)
-    s.aggregate_train(1, [reply(10, {"proto.0": z, "proto.1": z, "proto.2": z}, 10)])
+    s.aggregate_train(1, [reply(10, {"proto.0": z, "proto.1": z, "proto.2": z}, 100)])
     assert s.rejected and "wrong keys" in s.rejected[0][2]
 
 
@@ -226,8 +226,8 @@ def test_fedgh_trains_the_head_on_prototypes() -> None:
     before = s.global_arrays
     arrays, _ = s.aggregate_train(
         1,
-        [reply(k, v, 10) for k, v in ups.items()]
-        + [reply(11, {"proto.0": ups[10]["proto.0"]}, 10)],
+        [reply(k, v, 100) for k, v in ups.items()]
+        + [reply(11, {"proto.0": ups[10]["proto.0"]}, 100)],
     )
     after = to_numpy(arrays)
     x = torch.from_numpy(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from common.records import (
+    capped_shares,
     content_bytes,
     invalid_reason,
     payload_bytes,
@@ -60,6 +62,43 @@ def test_invalid_reason_catches_keys_shapes_and_nonfinite() -> None:
 def test_weighted_mean_matches_closed_form() -> None:
     rng = np.random.default_rng(1)
     a, b, c = (rng.normal(size=(4,)).astype(np.float32) for _ in range(3))
-    out = weighted_mean([{"x": a}, {"x": b}, {"x": c}], [1, 2, 7])
+    out = weighted_mean([{"x": a}, {"x": b}, {"x": c}], [1, 2, 7], {"x": a})
     np.testing.assert_allclose(out["x"], (a + 2 * b + 7 * c) / 10, rtol=1e-6)
     assert out["x"].dtype == np.float32
+
+
+def test_a_mean_takes_the_globals_dtype_not_the_first_replys() -> None:
+    """On the old code the result took the first reply's dtype: an int64 reply of
+    zeros first turned the mean of 0 and 0.7 into int64 0."""
+    zeros, point7 = np.zeros(3, np.int64), np.full(3, 0.7, np.float32)
+    out = weighted_mean([{"x": zeros}, {"x": point7}], [1, 1], {"x": point7})
+    assert out["x"].dtype == np.float32
+    np.testing.assert_allclose(out["x"], 0.35, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("weights", "cap", "want"),
+    [
+        ([1, 1, 8], 1.0, [0.1, 0.1, 0.8]),
+        ([1, 1, 8], 0.5, [0.25, 0.25, 0.5]),  # 0.3 excess shared in proportion 1:1
+        ([1, 3, 96], 0.5, [0.125, 0.375, 0.5]),
+        ([1, 1, 1e12], 0.4, [0.3, 0.3, 0.4]),
+        ([5, 5], 0.2, [0.5, 0.5]),  # a cap below 1/n: equal shares
+    ],
+)
+def test_capped_shares(weights: list[float], cap: float, want: list[float]) -> None:
+    np.testing.assert_allclose(capped_shares(weights, cap), want, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (np.zeros((2, 3), np.int64), "dtype int64"),
+        (np.zeros((2, 3), np.float64), "dtype float64"),
+        (np.zeros((2, 3), np.complex64), "dtype complex64"),
+        (np.zeros((2, 3), np.float16), "dtype float16"),
+    ],
+)
+def test_only_the_served_dtype_is_accepted(value: np.ndarray, reason: str) -> None:
+    assert reason in str(invalid_reason({"w": value}, {"w": (2, 3)}))
+    assert invalid_reason({"w": value.real.astype(np.float32)}, {"w": (2, 3)}) is None

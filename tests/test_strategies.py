@@ -10,7 +10,7 @@ from strategies import STRATEGIES
 from strategies.fedavg import FedAvg
 from strategies.lgfedavg import LGFedAvg
 from strategies.local import Local
-from tests.replies import error_reply, node, reply, strategy
+from tests.replies import error_reply, node, reply, sized, strategy
 
 RNG = np.random.default_rng(0)
 
@@ -33,6 +33,7 @@ def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:
     s.global_arrays = s.init_global()
     heads = [head(), head(), head()]
     weights = [30, 50, 20]
+    sized(s, {10: 30, 11: 50, 12: 20})
     replies = [reply(n.node_id, h, w) for n, h, w in zip(nodes, heads, weights, strict=False)]
     arrays, metrics = s.aggregate_train(1, replies)
     got = to_numpy(arrays)
@@ -49,6 +50,7 @@ def test_result_does_not_depend_on_reply_order() -> None:
     s = strategy(LGFedAvg, nodes)
     s.global_arrays = s.init_global()
     heads = [head() for _ in nodes]
+    sized(s, {10 + i: 10 + i for i in range(4)})
     replies = [
         reply(n.node_id, h, 10 + i) for i, (n, h) in enumerate(zip(nodes, heads, strict=False))
     ]
@@ -73,6 +75,7 @@ def test_poisoned_reply_is_dropped_and_logged(poison: str) -> None:
         bad["head.weight"] = bad["head.weight"][:, :499]
     elif poison == "keys":
         bad["extra"] = bad.pop("head.bias")
+    sized(s, {10: 40, 11: 60, 12: 1000})
     replies = [reply(10, good[0], 40), reply(11, good[1], 60)]
     replies.append(
         error_reply(12)
@@ -95,13 +98,14 @@ def test_too_few_valid_replies_keep_the_global_state() -> None:
     s.global_arrays = before = s.init_global()
     bad = head()
     bad["head.weight"][0, 0] = np.nan
+    sized(s, {10: 5, 11: 5})
     arrays, metrics = s.aggregate_train(1, [reply(10, head(), 5), reply(11, bad, 5)])
     assert arrays is None and metrics is None
     assert s.global_arrays is before
 
 
 def test_local_exchanges_nothing() -> None:
-    s = strategy(Local, [node(10, 0), node(11, 1)])
+    s = sized(strategy(Local, [node(10, 0), node(11, 1)]), {10: 5, 11: 7})
     assert s.init_global() == {}
     arrays, metrics = s.aggregate_train(1, [reply(10, {}, 5), reply(11, {}, 7)])
     assert arrays is None and metrics["valid-replies"] == 2
@@ -122,6 +126,7 @@ def test_fedavg_averages_whole_models() -> None:
     s.global_arrays = g = s.init_global()
     assert "extractor.conv1.weight" in g and "head.weight" in g
     ups = [{k: v + i for k, v in g.items()} for i in (1, 2)]
+    sized(s, {10: 1, 11: 3})
     arrays, _ = s.aggregate_train(1, [reply(10, ups[0], 1), reply(11, ups[1], 3)])
     got = to_numpy(arrays)
     for k in g:
@@ -140,7 +145,7 @@ def test_superlink_error_for_a_dead_node_is_attributed_to_that_node() -> None:
     from flwr.app import ConfigRecord, Error, Message
     from flwr.common.constant import SUPERLINK_NODE_ID
 
-    nodes = [node(10, 0), node(11, 1)]
+    nodes = [node(10, 0, num_train=5), node(11, 1)]
     s = strategy(LGFedAvg, nodes)
     s.global_arrays = s.init_global()
 
