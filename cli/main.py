@@ -68,17 +68,55 @@ RunConfigOpt = Annotated[
 ]
 
 
+ResumeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Continue the run whose out-dir this is, from its last complete round, with "
+        "its run config (-c may change num-server-rounds and round-timeout)."
+    ),
+]
+
+
+def resumed_overrides(resume: Path | None, run_config: list[str]) -> tuple[dict, int | None]:
+    """The overrides of a run to continue: its saved config, then ``-c``, and
+    ``resume``; with the number of nodes it had (None: not resuming)."""
+    if resume is None:
+        return config_from(run_config)[1], None
+    import json
+
+    try:
+        doc = json.loads((resume.expanduser() / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        typer.echo(f"fedhet: --resume {resume}: no readable results.json ({exc})", err=True)
+        raise typer.Exit(2) from None
+    saved = {k: v for k, v in doc["config"].items() if k not in ("out-dir", "resume")}
+    overrides = {
+        **saved,
+        **parse_overrides(run_config),
+        "resume": str(resume.expanduser().resolve()),
+    }
+    try:
+        parse_run_config({**_defaults(), **overrides})
+    except ConfigError as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return overrides, len(doc["summary"].get("nodes", {})) or None
+
+
 @app.command()
 def simulate(
     run_config: RunConfigOpt = [],  # noqa: B006
-    num_supernodes: Annotated[int, typer.Option(help="Simulated clients.")] = 20,
+    num_supernodes: Annotated[
+        int | None, typer.Option(help="Simulated clients (default 20; resuming: the run's).")
+    ] = None,
     cpus_per_client: Annotated[int, typer.Option(help="Ray CPUs per ClientApp.")] = 1,
+    resume: ResumeOpt = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
     """`flwr run .` as a local simulation; prints one line per round, exits 1 on failure."""
     from cli.launch import run_simulation
 
-    cfg, overrides = config_from(run_config)
+    overrides, nodes = resumed_overrides(resume, run_config)
 
     def echo(line: str) -> None:
         if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:
@@ -87,7 +125,7 @@ def simulate(
     outcome = run_simulation(
         APP_DIR,
         overrides,
-        num_supernodes=num_supernodes,
+        num_supernodes=num_supernodes or nodes or 20,
         cpus_per_client=cpus_per_client,
         echo=echo,
     )
@@ -207,6 +245,7 @@ def federation(
             "(default: the warm executor, `fedhet superexec`)."
         ),
     ] = False,
+    resume: ResumeOpt = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
     """SuperLink + N SuperNodes on 127.0.0.1 (TLS + node auth), one `flwr run`, stop all.
@@ -214,7 +253,7 @@ def federation(
     Exits 0 only if the run finished as completed."""
     from cli.federation import Federation
 
-    cfg, overrides = config_from(run_config)
+    overrides, _ = resumed_overrides(resume, run_config)
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     work = workdir.expanduser().resolve()
     node_configs = []

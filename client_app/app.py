@@ -47,9 +47,14 @@ def _round(msg: Message) -> int:
     return int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
 
 
+def _clients_dir(msg: Message) -> str:
+    """The simulation's folder for personal models, if the server sent one."""
+    return str(msg.content["config"].get("clients-dir", ""))
+
+
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
-    run = open_run(context, _round(msg), hook)
+    run = open_run(context, _round(msg), hook, _clients_dir(msg))
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.train(run)
@@ -69,7 +74,7 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
 
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
-    run = open_run(context, _round(msg), hook)
+    run = open_run(context, _round(msg), hook, _clients_dir(msg), training=False)
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.evaluate(run, run.data.x_test, run.data.y_test)

@@ -12,7 +12,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,9 +96,13 @@ class NodeSpec:
         )
         return cls(pid, num, arch, profile, dict(node_config))
 
-    def state_file(self, cfg: RunConfig) -> Path | None:
-        """Where node-config ``state-dir`` keeps this node's personal model."""
+    def state_file(self, cfg: RunConfig, run_dir: str = "") -> Path | None:
+        """Where this node keeps its personal model: node-config ``state-dir``, else
+        ``<run_dir>/node-<partition>`` (a simulation's clients folder), else nowhere
+        (kept in ``context.state``)."""
         state_dir = self.options.get("state-dir")
+        if not state_dir and run_dir:
+            state_dir = str(Path(run_dir) / f"node-{self.partition_id}")
         if not state_dir:
             return None
         return personal_state.state_path(str(state_dir), cfg, self.arch)
@@ -151,6 +155,8 @@ class ClientRun:
     """Per-message facts a hook derives once (e.g. FedARA's tier)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Diagnostics a hook measures; sent with the training reply's metrics."""
+    state_path: Path | None = None
+    """Stem of the personal model's files on disk (None: kept in memory)."""
 
     def generator(self, purpose: int = 0) -> torch.Generator:
         """A generator seeded by (seed, round, partition, purpose)."""
@@ -174,13 +180,15 @@ class ClientRun:
         return int(meta["rounds-trained"]) if meta else 0  # type: ignore[arg-type]
 
     def save(self) -> None:
-        """Persist the personal model for the next round (and on disk with state-dir)."""
+        """Keep the personal model for the next round: on disk when the node has a
+        state directory (only the round counter stays in memory), else in
+        ``context.state``."""
         rounds = self.rounds_trained + 1
-        self.state[MODEL_KEY] = to_record(self.model.state_dict())
         self.state[META_KEY] = ConfigRecord({"rounds-trained": rounds})
-        path = self.node.state_file(self.cfg)
-        if path is not None:
-            personal_state.save(path, self.model.state_dict(), rounds)
+        if self.state_path is not None:
+            personal_state.save(self.state_path, self.model.state_dict(), rounds, self.server_round)
+        else:
+            self.state[MODEL_KEY] = to_record(self.model.state_dict())
 
 
 def feature_dim(cfg: RunConfig) -> int:
@@ -194,8 +202,18 @@ def device_of(cfg: RunConfig, node: NodeSpec) -> torch.device:
     return torch.device(want)
 
 
-def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun:
-    """Config, node, data and the personal model (restored, or fresh and seeded)."""
+def open_run(
+    context: Context,
+    server_round: int,
+    hook: ClientHook,
+    run_dir: str = "",
+    training: bool = True,
+) -> ClientRun:
+    """Config, node, data and the personal model (restored, or fresh and seeded).
+
+    ``run_dir``: the simulation's clients folder the server sent (a node-config
+    ``state-dir`` wins); ``training``: a training message loads the personal model
+    of an earlier round, an evaluation message that of this round at most."""
     cfg = run_config(context)
     node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
     threads = node.profile.threads if node.profile else cfg.train.num_threads
@@ -212,19 +230,20 @@ def open_run(context: Context, server_round: int, hook: ClientHook) -> ClientRun
         seed=initial_seed(cfg, node),
     )
     run = ClientRun(cfg, node, data, model, context.state, server_round)
+    run.state_path = node.state_file(cfg, run_dir)
     hook.prepare(run)
-    if MODEL_KEY in context.state.array_records:
+    if run.state_path is not None:
+        resume(run, server_round if training else server_round + 1)
+    elif MODEL_KEY in context.state.array_records:
         run.model.load_state_dict(to_torch(context.state.array_records[MODEL_KEY]))
-    else:
-        resume(run)
     run.model.to(device_of(cfg, node))
     return run
 
 
-def resume(run: ClientRun) -> None:
-    """Load the personal model from node-config ``state-dir`` if one was saved."""
-    path = run.node.state_file(run.cfg)
-    saved = personal_state.load(path) if path is not None else None
+def resume(run: ClientRun, before: int) -> None:
+    """Load the newest personal model saved in a round before ``before``."""
+    path = run.state_path
+    saved = personal_state.load(path, before) if path is not None else None
     if saved is None:
         return
     model_state, rounds = saved
@@ -238,9 +257,7 @@ def resume(run: ClientRun) -> None:
             str(exc).splitlines()[0],
         )
         return
-    run.state[MODEL_KEY] = to_record(model_state)
     run.state[META_KEY] = ConfigRecord({"rounds-trained": rounds})
-    log(INFO, "resumed personal model from %s (%d rounds trained)", path, rounds)
 
 
 class ClientHook:

@@ -1,12 +1,17 @@
-"""Personal state on disk, so a restarted SuperNode resumes with its own model.
+"""Personal state on disk: a restarted SuperNode, or a resumed run, continues with
+each node's own model, and a simulation of thousands of nodes holds none of their
+models in memory.
 
-With node-config ``state-dir``, every training round writes the personal model to
-``<state-dir>/<algorithm>-<arch>-<fingerprint>.pt`` (atomically). When a node's
-in-memory ``context.state`` is empty (a restart, or a new run with the same setup)
-the file is loaded instead of building a fresh model. The fingerprint covers every
-setting that changes the model's structure or meaning (algorithm, model.*, data.*,
-seed, the algorithm's own section, the architecture): change one and the node
-starts fresh instead of loading an incompatible model.
+With a state directory (node-config ``state-dir`` in deployment; in a simulation
+``<out-dir>/clients/node-<partition>``, sent by the server), every training round
+writes the personal model to ``<dir>/<algorithm>-<arch>-<fingerprint>.r<round>.pt``
+(atomically; the two newest rounds are kept) and nothing but a round counter stays
+in ``context.state``. A message of round ``t`` loads the newest file of an earlier
+round (training) or of round ``t`` at most (evaluation), so a round that is run
+again after a crash starts from exactly what the round before it left. The
+fingerprint covers every setting that changes the model's structure or meaning
+(algorithm, model.*, data.*, seed, the algorithm's own section, the architecture):
+change one and the node starts fresh instead of loading an incompatible model.
 """
 
 from __future__ import annotations
@@ -35,28 +40,55 @@ def fingerprint(cfg: RunConfig, arch: str) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:12]
 
 
+KEEP = 2
+"""Rounds of personal state kept per node (the newest, and the one before it)."""
+
+
 def state_path(state_dir: str, cfg: RunConfig, arch: str) -> Path:
-    return Path(state_dir).expanduser() / f"{cfg.algorithm}-{arch}-{fingerprint(cfg, arch)}.pt"
+    """The stem ``<dir>/<algorithm>-<arch>-<fingerprint>``; files add ``.r<round>.pt``."""
+    return Path(state_dir).expanduser() / f"{cfg.algorithm}-{arch}-{fingerprint(cfg, arch)}"
 
 
-def save(path: Path, model_state: dict[str, Tensor], rounds_trained: int) -> None:
-    """Write atomically (a kill mid-write leaves the previous file intact)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def versions(stem: Path) -> dict[int, Path]:
+    """Server round -> file of every saved version of ``stem``."""
+    out = {}
+    for path in stem.parent.glob(f"{stem.name}.r*.pt"):
+        tail = path.name[len(stem.name) + 2 : -3]
+        if tail.isdigit():
+            out[int(tail)] = path
+    return out
+
+
+def save(
+    stem: Path, model_state: dict[str, Tensor], rounds_trained: int, server_round: int
+) -> None:
+    """Write round ``server_round``'s version atomically (write, fsync, rename: a kill
+    mid-write leaves the earlier versions intact); drop all but the newest ``KEEP``."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    path = stem.parent / f"{stem.name}.r{server_round:06d}.pt"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(
-        {
-            "model": {k: v.detach().cpu() for k, v in model_state.items()},
-            "rounds-trained": rounds_trained,
-        },
-        tmp,
-    )
+    with open(tmp, "wb") as fh:
+        torch.save(
+            {
+                "model": {k: v.detach().cpu() for k, v in model_state.items()},
+                "rounds-trained": rounds_trained,
+            },
+            fh,
+        )
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    for old in sorted(versions(stem))[:-KEEP]:
+        versions(stem)[old].unlink(missing_ok=True)
 
 
-def load(path: Path) -> tuple[dict[str, Tensor], int] | None:
-    """The saved model state and its round count, or None (absent or unreadable)."""
-    if not path.exists():
+def load(stem: Path, before: int | None = None) -> tuple[dict[str, Tensor], int] | None:
+    """The newest saved version from a round before ``before`` (None: any), as (model
+    state, rounds trained), or None (absent or unreadable)."""
+    found = {r: p for r, p in versions(stem).items() if before is None or r < before}
+    if not found:
         return None
+    path = found[max(found)]
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
         return doc["model"], int(doc["rounds-trained"])

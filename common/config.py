@@ -269,6 +269,10 @@ class RunConfig(_Section):
     eval_every: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
     out_dir: str = "~/fedhet-runs/{algorithm}-{timestamp}"
+    resume: str = ""
+    """The out-dir of an earlier run to continue from its last complete round (its
+    config must match but for num-server-rounds, round-timeout, out-dir); results are
+    written there."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from logging import ERROR, INFO
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from common.config import ConfigError, RunConfig, parse_run_config
+from common.records import to_record
 from common.report import Run, plot_accuracy
+from server_app import checkpoint
 from server_app.grid import PollingGrid
 from server_app.results import Recorded
 from strategies import STRATEGIES
@@ -30,28 +33,51 @@ def load_config(context: Context) -> RunConfig:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` rounds of the configured algorithm."""
-    grid = PollingGrid(grid)  # replies every 0.1 s (Flower's HTTP grid polls every 3 s)
-    cfg = load_config(context)
-    out_dir = cfg.resolved_out_dir(time.strftime("%Y%m%d-%H%M%S"))
+    simulation = is_simulation(grid)
+    # replies every 0.1 s (Flower's HTTP grid polls every 3 s)
+    serve(PollingGrid(grid), load_config(context), simulation)
+
+
+def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
+    """The rounds of one run (a new one, or ``resume``'s continued) on ``grid``;
+    returns the results.json path. ``simulation``: the clients share this machine's
+    file system, so their personal models go to ``<out-dir>/clients`` by round."""
+    saved = None
+    if cfg.resume:  # continue that run, in its folder
+        out_dir = Path(cfg.resume).expanduser().resolve()
+        try:
+            saved = checkpoint.read(out_dir)
+            checkpoint.check_config(saved["config"], cfg)
+        except ConfigError as exc:
+            log(ERROR, "fedhet: %s", exc)
+            raise ConfigError(f"fedhet: {exc}") from None
+    else:
+        out_dir = cfg.resolved_out_dir(time.strftime("%Y%m%d-%H%M%S"))
     strategy = STRATEGIES[cfg.algorithm](cfg)
+    if simulation:
+        strategy.clients_dir = str(out_dir / "clients")
     try:
         initial = strategy.initial_arrays(grid)
     except ValueError as exc:  # e.g. fedavg on a heterogeneous family
         log(ERROR, "fedhet: %s", exc)
         raise ConfigError(f"fedhet: {exc}") from None
     recorder = Recorded(strategy, cfg, out_dir)
+    if saved is not None:
+        recorder.resume_from(saved)
+        initial = to_record(strategy.global_arrays)
     log(
         INFO,
-        "[fedhet] %s: %d nodes, %d rounds, results in %s",
+        "[fedhet] %s: %d nodes, %d rounds%s, results in %s",
         cfg.algorithm,
         len(strategy.nodes),
         cfg.num_server_rounds,
+        f" (resumed after round {recorder.offset})" if saved is not None else "",
         out_dir,
     )
     recorder.start(
         grid=grid,
         initial_arrays=initial,
-        num_rounds=cfg.num_server_rounds,
+        num_rounds=max(0, cfg.num_server_rounds - recorder.offset),
         timeout=cfg.round_timeout,
         evaluate_fn=recorder.end_round,
     )
@@ -66,6 +92,17 @@ def main(grid: Grid, context: Context) -> None:
         summary["best-round"],
         path,
     )
+    return path
+
+
+def is_simulation(grid: Grid) -> bool:
+    """Whether the ServerApp runs in Flower's simulation (its in-memory grid): the
+    clients then share this machine's file system."""
+    try:
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    except ImportError:  # a Flower that moved it: keep personal models in memory
+        return False
+    return isinstance(grid, InMemoryGrid)
 
 
 def _fmt(x: float | None) -> str:

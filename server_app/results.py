@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import Strategy
 
 from common.config import RunConfig, flatten
 from common.records import content_bytes
+from server_app import checkpoint
 from strategies.base import HeteroStrategy, NodeInfo
 
 
@@ -78,8 +79,20 @@ class Recorded(Strategy):
     def __init__(self, inner: HeteroStrategy, cfg: RunConfig, out_dir: Path) -> None:
         self.inner, self.cfg, self.out_dir = inner, cfg, out_dir
         self.rounds: list[dict[str, Any]] = []
+        self.offset = 0
+        """Rounds completed before this process (a resumed run): Flower's round r is
+        round r + offset of the run."""
+        self._elapsed = 0.0
+        """Wall time of the run before this process."""
         self._start = self._mark = time.perf_counter()
         self._reset()
+
+    def resume_from(self, checkpoint: dict[str, Any]) -> None:
+        """Continue a run: its rounds so far, its strategy state, its clock."""
+        self.inner.load_state_dict(checkpoint["strategy"])
+        self.rounds = list(checkpoint["rounds"])
+        self.offset = int(checkpoint["round"])
+        self._elapsed = float(checkpoint["wall-time-s"])
 
     def _reset(self) -> None:
         self._cur: dict[str, Any] = {
@@ -99,7 +112,7 @@ class Recorded(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         t0 = time.perf_counter()
-        msgs = list(self.inner.configure_train(server_round, arrays, config, grid))
+        msgs = list(self.inner.configure_train(server_round + self.offset, arrays, config, grid))
         self._cur["server-time-s"] += time.perf_counter() - t0
         self._cur["bytes-down"] += sum(content_bytes(m.content) for m in msgs)
         self._cur["train-messages"] += len(msgs)
@@ -122,7 +135,7 @@ class Recorded(Strategy):
         }
         self._cur["train-replies"] += len(with_content)
         t0 = time.perf_counter()
-        arrays, metrics = self.inner.aggregate_train(server_round, replies)
+        arrays, metrics = self.inner.aggregate_train(server_round + self.offset, replies)
         self._cur["server-time-s"] += time.perf_counter() - t0
         self._cur["train"] = dict(metrics) if metrics is not None else None
         return arrays, metrics
@@ -130,14 +143,14 @@ class Recorded(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        msgs = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        msgs = list(self.inner.configure_evaluate(server_round + self.offset, arrays, config, grid))
         self._cur["bytes-down-eval"] += sum(content_bytes(m.content) for m in msgs)
         return msgs
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        metrics = self.inner.aggregate_evaluate(server_round, replies)
+        metrics = self.inner.aggregate_evaluate(server_round + self.offset, replies)
         self._cur["eval"] = dict(metrics) if metrics is not None else None
         return metrics
 
@@ -151,14 +164,27 @@ class Recorded(Strategy):
         if server_round == 0:
             self._start = self._mark = now
             return None
-        row = self._row(server_round, now - self._mark)
+        row = self._row(server_round + self.offset, now - self._mark)
         self.inner.diagnostics = {}
         self._mark = now
         self.rounds.append(row)
         self._reset()
         self._print(row)
         self.write()
+        checkpoint.write(
+            self.out_dir,
+            {
+                "round": server_round + self.offset,
+                "config": flatten(self.cfg),
+                "strategy": self.inner.state_dict(),
+                "rounds": self.rounds,
+                "wall-time-s": self.wall_time(),
+            },
+        )
         return None
+
+    def wall_time(self) -> float:
+        return self._elapsed + time.perf_counter() - self._start
 
     def _row(self, server_round: int, seconds: float) -> dict[str, Any]:
         cur, ev, tr = self._cur, self._cur["eval"] or {}, self._cur["train"] or {}
@@ -222,7 +248,7 @@ class Recorded(Strategy):
                 "accuracy-prior": accuracy_prior(self.inner.nodes.values()),
                 "bytes-up-total": sum(r["bytes-up"] for r in self.rounds),
                 "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
-                "wall-time-s": time.perf_counter() - self._start,
+                "wall-time-s": self.wall_time(),
                 "rejected-replies": [
                     {"round": r, "node-id": n, "reason": why} for r, n, why in self.inner.rejected
                 ],

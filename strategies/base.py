@@ -68,6 +68,9 @@ class HeteroStrategy(Strategy):
         """Nodes that did not reply to this round's training message in time."""
         self.rejected: list[tuple[int, int, str]] = []
         """``(round, node_id, reason)`` for every reply dropped from aggregation."""
+        self.clients_dir = ""
+        """A simulation's folder for the clients' personal models (sent with every
+        message as ``clients-dir``); empty in deployment (nodes use their state-dir)."""
         self.diagnostics: dict[str, Any] = {}
         """What this round's server step measured about itself (written to the round's
         ``server-diagnostics`` in results.json, then cleared)."""
@@ -108,6 +111,25 @@ class HeteroStrategy(Strategy):
     def _remember(self, msgs: list[Message]) -> list[Message]:
         self._outbox = {id(m): m for m in msgs}
         return msgs
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything this strategy carries from round to round (for a checkpoint):
+        the global state, the rejected replies and :meth:`extra_state`."""
+        return {"global": self.global_arrays, "rejected": self.rejected, **self.extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (after discovery and ``init_global``)."""
+        self.global_arrays = dict(state["global"])
+        self.rejected = list(state["rejected"])
+        self.load_extra_state(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        """A subclass's own cross-round state (default: none)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -203,6 +225,8 @@ class HeteroStrategy(Strategy):
         for node in nodes:
             cfg = ConfigRecord(dict(config))
             cfg["server-round"] = server_round
+            if self.clients_dir:
+                cfg["clients-dir"] = self.clients_dir
             payload = self.payload(server_round, node)
             if id(payload) not in records:
                 records[id(payload)] = (payload, to_record(payload))

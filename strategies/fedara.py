@@ -69,6 +69,20 @@ class FedARA(HeteroStrategy):
         self._bases: dict[str, torch.Tensor] = {}
         """Layer -> leading left singular vectors of the previous global state."""
 
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "svd-calls": self.svd_calls,
+            "decompositions": self.decompositions,
+            "bases": self._bases,
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.version = int(state["version"])
+        self.svd_calls = dict(state["svd-calls"])
+        self.decompositions = dict(state["decompositions"])
+        self._bases = dict(state["bases"])
+
     def tier(self, node: NodeInfo) -> Tier:
         layers = tuple(sorted(str(node.extras.get("layers", "")).split(",")))
         return float(node.extras["rank-ratio"]), tuple(name for name in layers if name)

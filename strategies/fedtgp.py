@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -42,6 +44,14 @@ class FedTGP(HeteroStrategy):
             torch.manual_seed(self.cfg.seed)
             self.generator = PrototypeGenerator(c, d, self.cfg.fedtgp.hidden_dim or d)
         return {}
+
+    def extra_state(self) -> dict[str, Any]:
+        assert self.generator is not None
+        return {"generator": self.generator.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        assert self.generator is not None
+        self.generator.load_state_dict(state["generator"])
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return expected_prototypes(node)

@@ -64,7 +64,8 @@ def test_tls_auth_run_completes(fed: Federation) -> None:
     # profiles chose the architectures: rpi4 -> cnn-5, rpi5 -> cnn-4, server -> cnn-1
     assert res["summary"]["nodes"] == {"0": "cnn-5", "1": "cnn-4", "2": "cnn-1"}
     assert all(
-        len(list((fed.workdir / "state" / f"node-{i}").glob("fedre-*.pt"))) == 1 for i in range(3)
+        len(list((fed.workdir / "state" / f"node-{i}").glob("fedre-*.r*.pt"))) == 2
+        for i in range(3)
     )
 
 

@@ -76,23 +76,35 @@ def _train(ctx: Context, head: dict, server_round: int) -> Message:
 
 
 def test_state_dir_lets_a_restarted_node_resume(tmp_path: Path) -> None:
+    """With a state dir the personal model lives on disk, one file per round (the two
+    newest kept), and only a round counter in memory; a restarted node continues."""
+    from client_app import state as personal_state
+
     state_dir = tmp_path / "state"
     head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
     ctx = _context(tmp_path, {"state-dir": str(state_dir)})
-    for rnd in (1, 2):
+    for rnd in (1, 2, 3):
         reply = _train(ctx, head, rnd)
         assert reply.content["metrics"]["rounds-trained"] == rnd
-    saved = ctx.state["fedhet.model"]["extractor.fc1.weight"].numpy()
-    assert len(list(state_dir.glob("lgfedavg-cnn-1-*.pt"))) == 1
+    assert "fedhet.model" not in ctx.state.array_records  # nothing heavy in memory
+    files = sorted(state_dir.glob("lgfedavg-cnn-1-*.r*.pt"))
+    assert [f.name[-10:] for f in files] == ["r000002.pt", "r000003.pt"]
+    after_two = torch.load(files[0], weights_only=True)["model"]["extractor.fc1.weight"]
 
+    # a node restarted in round 3 (whose round-3 file a crash may have left) starts
+    # round 3 again from what round 2 left, and evaluates round 3 with round 3's
     restarted = _context(tmp_path, {"state-dir": str(state_dir)})  # empty memory
     run = open_run(restarted, 3, HOOKS["lgfedavg"])
-    np.testing.assert_array_equal(run.model.state_dict()["extractor.fc1.weight"].numpy(), saved)
-    assert _train(restarted, head, 3).content["metrics"]["rounds-trained"] == 3
+    assert torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
+    assert run.rounds_trained == 2
+    evaluated = open_run(restarted, 3, HOOKS["lgfedavg"], training=False)
+    after_three = personal_state.load(run.state_path)[0]["extractor.fc1.weight"]  # type: ignore[index]
+    assert torch.equal(evaluated.model.state_dict()["extractor.fc1.weight"], after_three)
+    assert _train(restarted, head, 4).content["metrics"]["rounds-trained"] == 4
 
-    fresh = _context(tmp_path, {})  # no state dir: a new model
+    fresh = _context(tmp_path, {})  # no state dir: a new model, kept in memory
     run = open_run(fresh, 3, HOOKS["lgfedavg"])
-    assert not np.array_equal(run.model.state_dict()["extractor.fc1.weight"].numpy(), saved)
+    assert not torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
 
 
 def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
