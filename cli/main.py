@@ -288,9 +288,9 @@ def superexec(ctx: typer.Context) -> None:
     """Flower's SuperExec for `flower-supernode --isolation process` with a warm
     ClientApp executor: every task is a fresh child forked from a parent that has
     imported torch, numpy and flwr once. Takes `flower-superexec`'s flags."""
-    from cli.warm import run_superexec
+    from cli.warm import exec_superexec
 
-    run_superexec(list(ctx.args))
+    exec_superexec(list(ctx.args))
 
 
 @app.command(context_settings=PASS_THROUGH)

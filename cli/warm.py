@@ -176,6 +176,14 @@ def _noop() -> None:
     """The first child: starts the warm parent at executor start-up."""
 
 
+def exec_superexec(argv: list[str]) -> None:
+    """Replace this process by ``python -m cli.warm superexec ...``: the fork server
+    prepares every child by importing the parent's main module, which must be this
+    one (standard library only), never a module that imports the app's packages
+    (those must come from each run's FAB, not from what is installed)."""
+    os.execv(sys.executable, [sys.executable, "-m", "cli.warm", "superexec", *argv])
+
+
 def run_superexec(argv: list[str]) -> None:
     """Flower's ``flower-superexec`` with :class:`WarmExecutor` (same flags)."""
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
@@ -214,3 +222,10 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     setattr(module, "time", _CappedSleep(real, poll))  # noqa: B010
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["superexec"]:
+        run_superexec(sys.argv[2:])
+    else:
+        raise SystemExit("usage: python -m cli.warm superexec <flower-superexec flags>")

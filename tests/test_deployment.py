@@ -162,18 +162,23 @@ def test_a_second_run_with_changed_app_code_uses_the_new_code(
         app,
         ignore=shutil.ignore_patterns(".venv*", ".git", ".flwr", "benchmarks", "docs", "tests"),
     )
-    source = app / "client_app" / "app.py"
-    original = source.read_text()
+    source, config = app / "client_app" / "app.py", app / "common" / "config.py"
+    original, original_config = source.read_text(), config.read_text()
     assert '"rounds-trained": run.rounds_trained,' in original
+    # the marker lives in common/, which the executor's own command line also imports
+    source.write_text(
+        original.replace(
+            '"rounds-trained": run.rounds_trained,',
+            '"rounds-trained": run.rounds_trained, "code-marker": CODE_MARKER,',
+        ).replace(
+            "from common.records import",
+            "from common.config import CODE_MARKER\nfrom common.records import",
+        )
+    )
     markers = []
     try:
         for marker in (1, 2):
-            source.write_text(
-                original.replace(
-                    '"rounds-trained": run.rounds_trained,',
-                    f'"rounds-trained": run.rounds_trained, "code-marker": {marker},',
-                )
-            )
+            config.write_text(original_config + f"\nCODE_MARKER = {marker}\n")
             fed.app_dir = app
             outcome = fed.run(overrides(fed, f"code-{marker}", **{"num-server-rounds": 1}))
             assert outcome.ok, outcome.log_path.read_text()[-3000:]
