@@ -38,9 +38,16 @@ CONNECTION = "fedhet-federation"
 
 
 def superlink_command(
-    *, host: str, port: int, certs: Path | None, isolation: str = "subprocess"
+    *,
+    host: str,
+    port: int,
+    certs: Path | None,
+    isolation: str = "subprocess",
+    database: Path | None = None,
 ) -> list[str]:
-    """``flower-superlink`` with TLS + node auth (or ``--insecure`` when certs is None)."""
+    """``flower-superlink`` with TLS + node auth (or ``--insecure`` when certs is None);
+    ``database``: its state (registered nodes, runs) in a file, so a restarted
+    SuperLink knows its nodes again."""
     cmd = ["flower-superlink"]
     if certs is None:
         cmd += ["--insecure"]
@@ -54,6 +61,8 @@ def superlink_command(
             str(certs / "server.key"),
             "--enable-supernode-auth",
         ]
+    if database is not None:
+        cmd += ["--database", str(database)]
     return cmd + [
         "--host",
         host,
@@ -158,12 +167,7 @@ class Federation:
         if self.certs is not None:
             make_certificates(self.certs, ["localhost", "127.0.0.1"])
             make_node_keys(self.keys, len(self.node_configs) + 1)  # +1: never registered
-        proc = self.procs.start(
-            "superlink", superlink_command(host="127.0.0.1", port=self.port, certs=self.certs)
-        )
-        scheme = "https" if self.certs else "http"
-        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt")) if self.certs else None
-        wait_http(f"{scheme}://127.0.0.1:{self.port}/health", 60, proc, context=ctx)
+        self.start_superlink()
         write_connection(
             self.home,
             CONNECTION,
@@ -187,6 +191,26 @@ class Federation:
 
     def stop(self) -> None:
         self.procs.stop_all()
+
+    def start_superlink(self) -> None:
+        """The SuperLink, its state in ``<workdir>/superlink.db``; wait until healthy."""
+        cmd = superlink_command(
+            host="127.0.0.1",
+            port=self.port,
+            certs=self.certs,
+            database=self.workdir / "superlink.db",
+        )
+        proc = self.procs.start("superlink", cmd)
+        scheme = "https" if self.certs else "http"
+        ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt")) if self.certs else None
+        wait_http(f"{scheme}://127.0.0.1:{self.port}/health", 60, proc, context=ctx)
+
+    def restart_superlink(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the SuperLink (and the ServerApp it runs), start it again on the same
+        port and database; wait until every SuperNode is back online."""
+        self.procs.stop("superlink", sig=sig)
+        self.start_superlink()
+        self.wait_online(len(self.node_configs), timeout=180)
 
     # ------------------------------------------------------------------ nodes
     def node_command(self, i: int, key_index: int | None = None) -> list[str]:

@@ -189,6 +189,37 @@ def test_a_second_run_with_changed_app_code_uses_the_new_code(
     assert markers == [{1}, {2}]
 
 
+def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) -> None:
+    """SIGKILL of the SuperLink (and with it the ServerApp) after round 1 of 3; the
+    restarted SuperLink knows its nodes again, and `resume` finishes the run."""
+    killed = []
+
+    def echo(line: str) -> None:
+        if not killed and "[fedhet] round 1/3" in line:
+            killed.append(time.time())
+            threading.Thread(target=fed.restart_superlink, daemon=True).start()
+
+    first = fed.run(overrides(fed, "superlink-killed", **{"num-server-rounds": 3}), echo=echo)
+    assert killed and not first.ok
+    deadline = time.monotonic() + 240
+    while fed.online_nodes() < 3 and time.monotonic() < deadline:
+        time.sleep(2)
+    before = results(fed, "superlink-killed")["rounds"]
+    assert [r["round"] for r in before] == [1]
+    resumed = fed.run(
+        overrides(
+            fed,
+            "superlink-killed",
+            **{"num-server-rounds": 3, "resume": str(fed.workdir / "superlink-killed")},
+        ),
+        timeout=900,
+    )
+    assert resumed.ok, resumed.log_path.read_text()[-3000:]
+    rounds = results(fed, "superlink-killed")["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3] and rounds[0] == before[0]
+    assert all(r["valid-replies"] == 3 for r in rounds)
+
+
 # ---------------------------------------------------------------- last: leaves node 1 dead
 
 
