@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.accuracy import OUT, REGIMES, ROUNDS, SUITES, Spec, complete  # noqa: E402
-from common.config import flatten, parse_run_config  # noqa: E402
+from common.config import FedARAConfig, flatten, parse_run_config  # noqa: E402
 from common.report import Run, plot_accuracy  # noqa: E402
 
 DOCS = ROOT / "docs" / "results"
@@ -111,11 +111,37 @@ def expected_config(regime: str, name: str, seed: int) -> dict[str, Any]:
     return cfg
 
 
+IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies")
+"""Keys that cannot change a benchmark run's numbers: every reply is valid in every
+round of these runs (checked), so how many valid replies a round needs does not matter."""
+ADDED = {
+    "max-weight-share": 1.0,
+    "model.init": "per-client",
+    "fedre.server-loss": "mean",
+    "fedre.reps-per-client": 1,
+    "fedlora.lr": 0.0,
+}
+"""Keys added after some archived runs, with the value that is what those runs did."""
+SECTIONS = ("data.", "model.", "train.")
+
+
+def relevant(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys that decide a run's numbers: top-level ones, data/model/train and the
+    run's own algorithm's section (other algorithms' settings do not touch it)."""
+    algorithm = config.get("algorithm", "")
+    return {
+        k: v
+        for k, v in {**ADDED, **config}.items()
+        if k not in IGNORED and ("." not in k or k.startswith((*SECTIONS, f"{algorithm}.")))
+    }
+
+
 def current(run: Run, regime: str, name: str) -> bool:
     """A run belongs to a row only if it ran with every setting the row has now
     (runs of older code or other defaults stay archived but are not shown)."""
-    cfg = {k: v for k, v in run.config.items() if k != "out-dir"}
-    return cfg == expected_config(regime, name, int(run.config.get("seed", -1)))
+    want = relevant(expected_config(regime, name, int(run.config.get("seed", -1))))
+    full = all(r.get("valid-replies") == r.get("train-clients") for r in run.rounds)
+    return full and relevant(run.config) == want
 
 
 def archive() -> int:
@@ -262,19 +288,18 @@ def cell(column: str, name: str, es: list[Entry], base: list[float], ratios: dic
     raise ValueError(column)
 
 
+DEFAULT_TIERS = FedARAConfig().tiers()
+"""The default rank tiers, assigned round-robin by partition id."""
+
+
 def tier_accuracy(es: list[Entry], round_index: int = -1) -> dict[float, float]:
-    """Rank ratio -> sample-unweighted mean client accuracy in one round, over seeds."""
+    """Mean client accuracy in one round (over seeds) of the clients of each default
+    tier (partition id mod the number of tiers), whatever rank they ran at: the same
+    clients compare across rows (local, every client at full rank, the tiers)."""
     by: dict[float, list[float]] = {}
     for e in es:
-        ratios = {
-            pid: m["rank-ratio"]
-            for r in e.run.rounds
-            for pid, m in r.get("client-train", {}).items()
-            if "rank-ratio" in m
-        }
         for pid, acc in e.run.rounds[round_index].get("client-accuracy", {}).items():
-            if pid in ratios:
-                by.setdefault(ratios[pid], []).append(acc)
+            by.setdefault(DEFAULT_TIERS[int(pid) % len(DEFAULT_TIERS)], []).append(acc)
     return {r: statistics.fmean(v) for r, v in sorted(by.items(), reverse=True)}
 
 
@@ -283,7 +308,7 @@ def tier_table(regime: str, names: list[str]) -> str:
     tiers = sorted({t for _, es in rows for t in tier_accuracy(es)}, reverse=True)
     if not tiers:
         return ""
-    head = ["method", "seeds", *[f"rank ratio {t:g}" for t in tiers], "round 5 (all)"]
+    head = ["method", "seeds", *[f"clients of tier {t:g}" for t in tiers], "round 5 (all)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, es in rows:
         acc = tier_accuracy(es)
@@ -411,10 +436,11 @@ def suite_section(suite: str) -> str:
             out += image(plot_without_shared(suite, regime, shared), suite, DOCS)
         if suite == "fedara":
             tiered = [n for n in rows if n.startswith("fedara") and n != "fedara-star"]
-            tiers = tier_table(regime, tiered)
+            tiers = tier_table(regime, ["local", *tiered])
             if tiers:
-                out += ["Accuracy per tier (last round, mean client accuracy over seeds):", "",
-                        tiers, ""]  # fmt: skip
+                out += ["Accuracy of the clients of each tier (partition id mod 5; last round, "
+                        "mean client accuracy over clients and seeds), in every row, whatever "
+                        "rank they ran at:", "", tiers, ""]  # fmt: skip
                 out += image(plot_tiers(regime), "fedara tiers", DOCS)
     return "\n".join(out).rstrip() + "\n"
 
