@@ -34,6 +34,7 @@ TIMINGS = (
     "overhead.json",
     "fedara-cost.json",
     "compute-cost.json",
+    "scale.json",
     "deployment.json",
     "profiles.json",
 )
@@ -150,38 +151,75 @@ def small(seconds: float) -> str:
 
 def deployment_section() -> str:
     doc = load("deployment.json")
-    if not isinstance(doc, dict):
+    if not isinstance(doc, dict) or "deployment-warm" not in doc["median-excluding-round-1"]:
         return ""
-    med, pp = doc["median-excluding-round-1"], doc["per-process"]
+    med, pp, warm, cold = (
+        doc["median-excluding-round-1"],
+        doc["per-process"],
+        doc["warm"],
+        doc["cold-process"],
+    )
     return "\n".join(
         [
             "#### Deployment vs simulation",
             "",
             f"`python benchmarks/deployment.py`: {doc['workload']}. Median seconds per round "
-            "(round 1 excluded):",
+            "(round 1 excluded), all three measured in one run:",
             "",
-            "| mode | s / round |",
+            "| mode | s / round | × simulation |",
+            "|---|---|---|",
+            f"| simulation (Ray actors stay alive) | {med['simulation']:.2f} | 1.0 |",
+            f"| deployment, warm (`fedhet superexec` + `fedhet supernode`, the default) | "
+            f"{med['deployment-warm']:.2f} | **{doc['ratio-warm-over-simulation']:.2f}** |",
+            f"| deployment, cold (Flower's stock executor, `fedhet federation --cold`) | "
+            f"{med['deployment-cold']:.2f} | {doc['ratio-cold-over-simulation']:.2f} |",
+            "",
+            "Where a cold message's time goes (fresh processes, medians): Python start-up "
+            f"{pp['python-start-s'] * 1000:.0f} ms, imports of the ClientApp "
+            f"{pp['import-client-app-s']:.2f} s (torch {pp['import-torch-s']:.2f} s, flwr "
+            f"{pp['import-flwr-s']:.2f} s), the data share {small(pp['load-data-share-s'])}, "
+            f"building CNN-1 {small(pp['build-cnn1-s'])}; plus Flower's fixed polling (SuperNode "
+            "3 s idle pull and 0.5 s reply waits, SuperExec 1 s, the ServerApp's HTTP grid 3 s). "
+            "The warm executor pays its parent's imports once "
+            f"({warm['warm-parent-start-s']:.1f} s at start-up), then "
+            f"{warm['fork-s'] * 1000:.0f} ms per fork and "
+            f"{warm['child-imports-data-model-s']:.2f} s for the app's own modules, the data "
+            "share and the model in each task; polling is 0.05 s (SuperNode, SuperExec) and "
+            "0.1 s (ServerApp).",
+            "",
+            "| resident memory | MB |",
             "|---|---|",
-            f"| simulation (Ray actors stay alive) | {med['simulation']:.2f} |",
-            f"| deployment (TLS + node auth) | {med['deployment']:.2f} |",
-            "",
-            f"Deployment / simulation: **{doc['ratio-deployment-over-simulation']:.1f}×**. Where "
-            "it goes: Flower 1.42 starts a fresh ClientApp process for every message (train and "
-            "evaluate, per node), so each message pays, measured in fresh processes: "
-            f"Python start-up {pp['python-start-s'] * 1000:.0f} ms, imports of the ClientApp "
-            f"{pp['import-client-app-s']:.2f} s (of which torch {pp['import-torch-s']:.2f} s, "
-            f"flwr {pp['import-flwr-s']:.2f} s), loading the "
-            f"cached data share {small(pp['load-data-share-s'])}, building CNN-1 "
-            f"{small(pp['build-cnn1-s'])}; the rest is the SuperNode/SuperExec polling "
-            "and the TLS round trips. Reduced here: torchvision is imported only when a "
-            f"torchvision architecture is built (it cost {pp['import-torchvision-extra-s']:.2f} s "
-            "per message), matplotlib only when plotting, partitions are cached on disk. "
-            "`--isolation process` (read in Flower 1.42's source, not measured) would not "
-            "remove the per-message process either: SuperExec's subprocess executor starts "
-            "one per task; its warm pools exist only for the Kubernetes executor.",
+            f"| a cold ClientApp process, ready to train | {cold['rss-mb']:.0f} |",
+            f"| the warm parent (held while the node runs) | {warm['parent']['rss-mb']:.0f} |",
+            f"| one warm child: resident / its own pages (the rest shared copy-on-write) | "
+            f"{warm['child']['rss-mb']:.0f} / {warm['child']['private-mb']:.0f} |",
             "",
         ]
     )
+
+
+def scale_section() -> str:
+    doc = load("scale.json")
+    if not isinstance(doc, dict):
+        return ""
+    lines = [
+        "`python benchmarks/scale.py`: lgfedavg, IID Fashion-MNIST, `cnn` family, 2 rounds; "
+        "memory of every process the run starts (SuperLink, SuperExec, simulation, Ray and "
+        "its workers), sampled every 0.5 s: Σ PSS (shared pages split among their users) and "
+        "Σ RSS.",
+        "",
+        "| clients | sampled per round (train / evaluate) | s / round | peak Σ PSS (GiB) | "
+        "peak Σ RSS (GiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['clients']:,} | {r['train-clients-per-round']:.0f} / "
+            f"{r['eval-clients-per-round']:.0f} | "
+            f"{' / '.join(f'{t:.0f}' for t in r['round-time-s'])} | "
+            f"{r['peak-pss-mb'] / 1024:.2f} | {r['peak-rss-mb'] / 1024:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def replace_block(text: str, tag: str, body: str) -> str:
@@ -223,6 +261,7 @@ def main() -> None:
         "overhead": overhead_section(),
         "fedara-cost": fedara_cost_section(),
         "deployment": deployment_section(),
+        "scale": scale_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():

@@ -257,7 +257,8 @@ class Federation:
     def node_status(self) -> dict[int, str]:
         """Node id -> status as the SuperLink reports it."""
         text = self.flwr("supernode", "list", CONNECTION, "--format", "json")
-        return {int(n["node-id"]): str(n.get("status")) for n in json.loads(text)["nodes"]}
+        nodes = json.loads(text).get("nodes", [])  # none while a SuperLink (re)starts
+        return {int(n["node-id"]): str(n.get("status")) for n in nodes}
 
     def online_nodes(self) -> int:
         return sum(1 for status in self.node_status().values() if status == "online")
