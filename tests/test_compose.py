@@ -127,3 +127,31 @@ def test_dockerfile_pins_and_copies_every_package() -> None:
     # a build CA bundle is used in the build stage only: the final stage copies the venv
     final = text.rsplit("FROM ", 1)[1]
     assert "build-ca" not in final and "COPY --from=build /opt/fedhet /opt/fedhet" in final
+
+
+def _exec_start(unit: str) -> list[str]:
+    text = (ROOT / "deploy" / "systemd" / unit).read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    argv = line.removeprefix("ExecStart=").split()
+    assert argv[0] == "/opt/fedhet/bin/fedhet"
+    return ["fedhet", *argv[1:]]
+
+
+def test_the_device_units_run_the_warm_node_as_the_loopback_federation_does() -> None:
+    """The systemd pair for a Raspberry Pi / Jetson: SuperNode in process isolation and
+    the warm executor on its Runtime API, the commands cli/federation.py builds."""
+    node = supernode_command(
+        superlink="${SUPERLINK}",
+        host="127.0.0.1",
+        port=9094,
+        ca=Path("/etc/fedhet/ca.crt"),
+        key=Path("/etc/fedhet/node.key"),
+        node_config={},
+    )
+    node[node.index("--node-config") + 1] = "${NODE_CONFIG}"
+    assert _exec_start("fedhet-supernode.service") == node
+    assert _exec_start("fedhet-superexec.service") == superexec_command(
+        runtime_api="127.0.0.1:9094"
+    )
+    executor = (ROOT / "deploy" / "systemd" / "fedhet-superexec.service").read_text()
+    assert "BindsTo=fedhet-supernode.service" in executor
