@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -222,6 +223,8 @@ def main() -> int:
         if not outcome.ok:
             failures += 1
             print(f"  FAILED: {outcome.status} (log: {outcome.log_path})", flush=True)
+        # the clients' personal models (hundreds of MB per run) are not needed any more
+        shutil.rmtree(out / "clients", ignore_errors=True)
     return 1 if failures else 0
 
 

@@ -280,6 +280,30 @@ def federation(
         raise typer.Exit(1)
 
 
+@app.command()
+def audit(
+    out_dir: Annotated[Path, typer.Argument(help="A finished simulation's out-dir.")],
+    clients: Annotated[int, typer.Option(help="How many clients (partitions 0..n-1).")] = 20,
+    steps: Annotated[int, typer.Option(help="Optimisation steps per reconstruction.")] = 300,
+) -> None:
+    """What the server could reconstruct from each knowledge form (white-box inversion
+    with the clients' own models): PSNR / SSIM per form; writes audit.json and a picture
+    grid (client 0) into the out-dir."""
+    from cli.audit import audit as run_audit
+    from cli.audit import summarise, write_audit
+
+    rows = run_audit(out_dir.expanduser(), clients, steps)
+    typer.echo("| form | clients | PSNR closest (dB) | SSIM closest | PSNR class mean (dB) |")
+    typer.echo("|---|---|---|---|---|")
+    for form, s in summarise(rows).items():
+        typer.echo(
+            f"| {form} | {s['n']:.0f} | {s['psnr_closest']:.2f} ± {s['psnr_closest_std']:.2f} | "
+            f"{s['ssim_closest']:.3f} | {s['psnr_class_mean']:.2f} |"
+        )
+    path, grid = write_audit(out_dir.expanduser(), rows)
+    typer.echo(f"\n{path}\n{grid}")
+
+
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 

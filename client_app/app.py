@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.fedara import FedARAHook
@@ -30,7 +31,26 @@ HOOKS: dict[str, ClientHook] = {
     )
 }
 
-app = ClientApp()
+PARAMETER_UPLOADS = ("fedavg", "lgfedavg", "fedlora", "fml", "fedara")
+"""Algorithms whose reply carries the arrays they were sent, updated (what Flower's
+LocalDpMod can clip and noise)."""
+
+
+def parameter_dp(msg: Message, context: Context, call_next):  # type: ignore[no-untyped-def]
+    """``privacy.dp-clip`` > 0: Flower's own LocalDpMod on parameter uploads (the
+    update clipped to that norm, Gaussian noise for (dp-epsilon, dp-delta), sensitivity
+    = the clipping norm); otherwise, and for every other message, nothing."""
+    p = run_config(context).privacy
+    kind = msg.metadata.message_type.split(".")
+    if p.dp_clip <= 0 or kind[0] != "train" or kind[-1] not in PARAMETER_UPLOADS:
+        return call_next(msg, context)
+    dp = LocalDpMod(
+        clipping_norm=p.dp_clip, sensitivity=p.dp_clip, epsilon=p.dp_epsilon, delta=p.dp_delta
+    )
+    return dp(msg, context, call_next)
+
+
+app = ClientApp(mods=[parameter_dp])
 
 
 @app.query("profile")

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from client_app.base import ClientHook, ClientRun, GlobalHeadHook, head_arrays
 from models.entangle import entangle_prototypes, entangle_samples
+from models.privacy import protect
 from models.train import EvalStats, ExtraLoss, class_means, evaluate
 
 PROTO = "proto."
@@ -25,8 +26,18 @@ def prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
     return means, counts > 0
 
 
-def proto_arrays(means: Tensor, present: Tensor) -> dict[str, Tensor]:
-    return {f"{PROTO}{c}": means[c] for c in range(len(present)) if present[c]}
+def proto_arrays(run: ClientRun, means: Tensor, present: Tensor) -> dict[str, Tensor]:
+    """``proto.<c>`` of the present classes, each protected (``privacy.*``)."""
+    rows = protected(run, means[present])
+    classes = [c for c in range(len(present)) if present[c]]
+    return {f"{PROTO}{c}": rows[i] for i, c in enumerate(classes)}
+
+
+def protected(run: ClientRun, vectors: Tensor) -> Tensor:
+    """``privacy.clip`` / ``privacy.noise`` applied to each row (seeded by seed,
+    round and partition, so a run stays reproducible)."""
+    p = run.cfg.privacy
+    return protect(vectors, p.clip, p.noise, run.generator(purpose=3))
 
 
 def received_prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
@@ -74,7 +85,7 @@ class FedProtoHook(ClientHook):
         return loss
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
-        return proto_arrays(*prototypes(run))
+        return proto_arrays(run, *prototypes(run))
 
     def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
         if self.infer(run) == "head":
@@ -110,7 +121,7 @@ class FedGHHook(GlobalHeadHook):
     name = "fedgh"
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
-        return proto_arrays(*prototypes(run))
+        return proto_arrays(run, *prototypes(run))
 
 
 class FedREHook(GlobalHeadHook):
@@ -121,7 +132,7 @@ class FedREHook(GlobalHeadHook):
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         rep, soft = entangled(run)
-        return {"rep": rep, "soft-label": soft}
+        return {"rep": protected(run, rep), "soft-label": soft}
 
 
 def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:

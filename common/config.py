@@ -183,6 +183,22 @@ class FMLConfig(_Section):
     beta: float = Field(0.5, ge=0, le=1)
 
 
+class PrivacyConfig(_Section):
+    """``privacy.*``: protection of what leaves a device."""
+
+    clip: float = Field(0.0, ge=0)
+    """L2 bound of every uploaded representation vector (FedRE's entangled
+    representation, FedProto/FedGH/FedTGP prototypes); 0 = off."""
+    noise: float = Field(0.0, ge=0)
+    """Gaussian noise added to each such vector: σ = noise × clip."""
+    dp_clip: float = Field(0.0, ge=0)
+    """Parameter uploads (the algorithms that upload what they were sent: fedavg,
+    lgfedavg, fedlora, fml, fedara): Flower's LocalDpMod with this clipping norm of the
+    update (0 = off)."""
+    dp_epsilon: float = Field(1.0, gt=0)
+    dp_delta: float = Field(1e-5, gt=0, lt=1)
+
+
 class FedARAConfig(_Section):
     """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
 
@@ -284,6 +300,7 @@ class RunConfig(_Section):
     fedtgp: FedTGPConfig = FedTGPConfig()
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="after")
     def _check_nodes(self) -> RunConfig:

@@ -1,0 +1,117 @@
+"""What the server could reconstruct, per knowledge form, and the privacy/utility curve.
+
+FedRE runs in the scarce regime (Fashion-MNIST ``data.fraction=0.2``, 50 clients,
+Dirichlet 0.5, ``cnn`` family, 30 rounds, seeds 0-2), each audited with
+``fedhet audit`` (``cli/audit.py``) on its first 20 clients: a white-box inversion of
+each knowledge form (a raw representation, a class prototype, FedRE's entangled
+representation, one sample's head gradient), PSNR / SSIM against the client's closest
+training image and its class-mean image. Rows: no protection, then every uploaded
+vector clipped to L2 norm ``CLIP`` with Gaussian noise σ = z·``CLIP``, z in {0, 0.5, 1, 2}
+(``privacy.clip`` / ``privacy.noise``); accuracy against the reconstructions' PSNR.
+
+    python benchmarks/privacy.py --out benchmarks/out/privacy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.accuracy import OUT, REGIMES, ROUNDS, complete  # noqa: E402
+from benchmarks.probe import task_identity  # noqa: E402
+from cli.launch import run_simulation  # noqa: E402
+
+CLIP = 10.0
+"""L2 bound of an uploaded vector: trained CNN prototypes here have norms of 10-21."""
+ROWS: dict[str, dict[str, float]] = {
+    "none": {},
+    "z0": {"privacy.clip": CLIP},
+    "z0.5": {"privacy.clip": CLIP, "privacy.noise": 0.5},
+    "z1": {"privacy.clip": CLIP, "privacy.noise": 1.0},
+    "z2": {"privacy.clip": CLIP, "privacy.noise": 2.0},
+}
+SEEDS = (0, 1, 2)
+CLIENTS = 20
+
+
+def run_dir(row: str, seed: int) -> Path:
+    return OUT / "privacy" / row / f"seed{seed}"
+
+
+def run(row: str, seed: int) -> Path:
+    """The row's FedRE run (skipped when complete and its personal models are kept)."""
+    out = run_dir(row, seed)
+    if complete(out) and (out / "audit.json").exists():
+        return out
+    regime = REGIMES["scarce"]
+    overrides = {
+        "algorithm": "fedre",
+        "num-server-rounds": ROUNDS,
+        "seed": seed,
+        "out-dir": str(out),
+        **regime["config"],
+        **ROWS[row],
+    }
+    outcome = run_simulation(
+        ROOT, overrides, num_supernodes=regime["clients"], flwr_home=OUT / ".flwr", timeout=4 * 3600
+    )
+    if not outcome.ok:
+        raise SystemExit(f"privacy {row} seed {seed}: {outcome.status} ({outcome.log_path})")
+    return out
+
+
+def audit_run(out: Path, grid: Path | None) -> dict:
+    """Audit a run's first clients (``<out>/audit.json``, ``audit.png``), then drop
+    its personal models."""
+    from cli.audit import audit, write_audit
+
+    audit_file = out / "audit.json"
+    if not audit_file.exists():
+        _, png = write_audit(out, audit(out, clients=CLIENTS))
+        if grid is not None:
+            shutil.copyfile(png, grid)
+        shutil.rmtree(out / "clients", ignore_errors=True)
+    return dict(json.loads(audit_file.read_text()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=OUT / "privacy.json")
+    ap.add_argument("--grid", type=Path, default=OUT / "privacy-grid.png")
+    args = ap.parse_args()
+    task_identity()
+    result: dict[str, dict] = {}
+    for row in ROWS:
+        seeds = []
+        for seed in SEEDS:
+            out = run(row, seed)
+            doc = audit_run(out, args.grid if (row, seed) == ("none", 0) else None)
+            summary = json.loads((out / "results.json").read_text())["summary"]
+            seeds.append({"seed": seed, "accuracy-last": summary["accuracy-last"], **doc})
+            print(row, seed, summary["accuracy-last"], json.dumps(doc["summary"]), flush=True)
+        forms = seeds[0]["summary"].keys()
+        result[row] = {
+            "overrides": ROWS[row],
+            "accuracy-last": [s["accuracy-last"] for s in seeds],
+            "forms": {
+                form: {
+                    key: statistics.fmean(s["summary"][form][key] for s in seeds)
+                    for key in ("psnr_closest", "ssim_closest", "psnr_class_mean")
+                }
+                | {"n": sum(s["summary"][form]["n"] for s in seeds)}
+                for form in forms
+            },
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"clip": CLIP, "clients": CLIENTS, "rows": result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

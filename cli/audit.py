@@ -1,0 +1,219 @@
+"""``fedhet audit``: what an honest-but-curious server could reconstruct from uploads.
+
+Threat model: the server sees every upload and knows each client's trained model
+exactly (white box, the worst case); it inverts an upload by optimising input images
+so that the model's representation (or the uploaded mix of several, whose weights the
+soft label reveals) matches it. Quality is PSNR / SSIM of the reconstruction against the
+client's closest training image of that class and against that class's mean image.
+
+Per client of a finished simulation (personal models under ``<out-dir>/clients``), one
+reconstruction per knowledge form, all from the same trained model and data:
+
+* ``raw``: one training sample's representation (what FedRE's ``rsr`` mixes and what
+  a raw-representation upload would send);
+* ``prototype``: the class prototype of the client's largest class (FedProto, FedGH,
+  FedTGP upload one per class);
+* ``entangled``: FedRE's upload, Σ_c w_c p_c with the round's weights (one image per
+  present class; scored on the largest class, as the prototype);
+* ``gradient``: the DLG baseline, one sample's gradient of the head (label known).
+
+``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype`` and
+``entangled`` as they did to the uploads.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from flwr.app import Context, RecordDict
+
+FORMS = ("raw", "prototype", "entangled", "gradient")
+
+
+@dataclass
+class Reconstruction:
+    """One form's reconstruction for one client, and how close it came."""
+
+    form: str
+    partition: int
+    image: torch.Tensor
+    nearest: torch.Tensor
+    psnr_closest: float
+    ssim_closest: float
+    psnr_class_mean: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished simulation: its folder, run config, node count and last round."""
+
+    out_dir: Path
+    config: dict[str, Any]
+    nodes: int
+    last: int
+
+    @classmethod
+    def load(cls, out_dir: Path) -> Finished:
+        doc = json.loads((out_dir / "results.json").read_text())
+        return cls(out_dir, doc["config"], len(doc["summary"]["nodes"]), doc["rounds"][-1]["round"])
+
+
+def client_run(done: Finished, partition: int):  # type: ignore[no-untyped-def]
+    """The client's run as its last evaluation saw it (trained model, data)."""
+    from client_app.app import HOOKS
+    from client_app.base import open_run
+
+    ctx = Context(
+        run_id=1,
+        node_id=partition + 1,
+        node_config={"partition-id": partition, "num-partitions": done.nodes},
+        state=RecordDict(),
+        run_config=done.config,
+    )
+    hook = HOOKS[done.config["algorithm"]]
+    run = open_run(ctx, done.last, hook, str(done.out_dir / "clients"), training=False)
+    if run.rounds_trained == 0:
+        raise FileNotFoundError(
+            f"no personal model of partition {partition} in {done.out_dir / 'clients'}"
+        )
+    return run.model.eval(), run
+
+
+def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruction]:
+    """Every form's reconstruction for one client."""
+    from client_app.base import ClientRun
+    from client_app.prototypes import entangled, protected
+    from models.privacy import closest, invert, invert_gradient, psnr, ssim
+    from models.train import class_means
+
+    model, run = client_run(done, partition)
+    assert isinstance(run, ClientRun)
+    run.server_round = done.last  # the generators of the last round's upload
+    x, y = run.data.x_train.float(), run.data.y_train
+    lo = x.amin(dim=(0, 2, 3), keepdim=True)[0]  # per channel: the normalised black
+    hi = x.amax(dim=(0, 2, 3), keepdim=True)[0]  # and white of this client's images
+    images = (x - lo) / (hi - lo)
+    c, h, w = (int(v) for v in images.shape[1:])
+    shape = (c, h, w)
+    big = int(torch.bincount(y, minlength=run.data.num_classes).argmax())
+    own = images[y == big]
+    mean_image = own.mean(0)
+    gen = torch.Generator().manual_seed(1_000 + partition)
+
+    def features(t: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1] -> the representation of the model's input scale."""
+        return model.features(t * (hi - lo) + lo)  # type: ignore[operator]
+
+    def score(form: str, image: torch.Tensor, pool: torch.Tensor, **extra: Any) -> Reconstruction:
+        i, p = closest(image, pool)
+        return Reconstruction(
+            form, partition, image, pool[i], p, ssim(image, pool[i]), psnr(image, mean_image), extra
+        )
+
+    out = []
+    with torch.no_grad():
+        sample = int(torch.nonzero(y == big)[0, 0])
+        raw = features(images[sample : sample + 1])[0]
+        means, _ = class_means(model, x, y, run.data.num_classes)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    rec = invert(features, raw, shape, steps=steps, generator=gen)[0]
+    out.append(score("raw", rec, images[sample : sample + 1]))
+    proto = protected(run, means[big : big + 1])[0]
+    rec = invert(features, proto, shape, steps=steps, generator=gen)[0]
+    out.append(score("prototype", rec, own))
+    reps, soft = entangled(run)
+    present = torch.nonzero(soft[0] > 0).flatten()
+    target = protected(run, reps)[0]
+    recs = invert(features, target, shape, weights=soft[0][present], steps=steps, generator=gen)
+    at = int(torch.nonzero(present == big)[0, 0]) if bool((present == big).any()) else 0
+    out.append(score("entangled", recs[at], own, classes=len(present)))
+    head = model.head
+    for p in head.parameters():
+        p.requires_grad_(True)
+    loss = F.cross_entropy(head(features(images[sample : sample + 1])), y[sample : sample + 1])
+    gw, gb = torch.autograd.grad(loss, [head.weight, head.bias])
+    rec = invert_gradient(features, head, big, (gw, gb), shape, steps=steps, generator=gen)[0]
+    out.append(score("gradient", rec, images[sample : sample + 1]))
+    return out
+
+
+def audit(out_dir: Path, clients: int = 20, steps: int = 300) -> list[Reconstruction]:
+    """Every form for the first ``clients`` partitions of the run in ``out_dir``."""
+    done = Finished.load(out_dir)
+    rows = []
+    for pid in range(min(clients, done.nodes)):
+        rows += audit_client(done, pid, steps)
+    return rows
+
+
+def summarise(rows: list[Reconstruction]) -> dict[str, dict[str, float]]:
+    """Per form: mean and std of each score."""
+    out = {}
+    for form in FORMS:
+        got = [r for r in rows if r.form == form]
+        if not got:
+            continue
+        entry: dict[str, float] = {"n": len(got)}
+        for key in ("psnr_closest", "ssim_closest", "psnr_class_mean"):
+            vals = [getattr(r, key) for r in got]
+            entry[key] = statistics.fmean(vals)
+            entry[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        out[form] = entry
+    return out
+
+
+def picture_grid(rows: list[Reconstruction], path: Path) -> Path:
+    """One client's reconstructions (top) beside the nearest real image (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(rows), figsize=(2.2 * len(rows), 4.6))
+    for j, r in enumerate(rows):
+        for i, img in enumerate((r.image, r.nearest)):
+            ax = axes[i][j]
+            ax.imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[0][j].set_title(f"{r.form}\nPSNR {r.psnr_closest:.1f} dB", fontsize=9)
+    axes[0][0].set_ylabel("reconstruction")
+    axes[1][0].set_ylabel("nearest real")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_audit(out_dir: Path, rows: list[Reconstruction]) -> tuple[Path, Path]:
+    """``<out-dir>/audit.json`` (summary and every client's scores) and
+    ``<out-dir>/audit.png`` (the first client's reconstructions)."""
+    doc = {
+        "summary": summarise(rows),
+        "rows": [
+            {
+                "form": r.form,
+                "partition": r.partition,
+                "psnr_closest": r.psnr_closest,
+                "ssim_closest": r.ssim_closest,
+                "psnr_class_mean": r.psnr_class_mean,
+                **r.extra,
+            }
+            for r in rows
+        ],  # fmt: skip
+    }
+    path = out_dir / "audit.json"
+    path.write_text(json.dumps(doc, indent=1))
+    grid = picture_grid(
+        [r for r in rows if r.partition == rows[0].partition], out_dir / "audit.png"
+    )
+    return path, grid
