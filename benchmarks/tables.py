@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,6 +36,8 @@ TIMINGS = (
     "fedara-cost.json",
     "compute-cost.json",
     "scale.json",
+    "privacy.json",
+    "privacy-grid.png",
     "deployment.json",
     "profiles.json",
 )
@@ -44,7 +47,7 @@ def archive_timings() -> None:
     """Copy the timing benchmarks' JSON from ``benchmarks/out`` to ``docs/results``."""
     for name in TIMINGS:
         if (OUT / name).exists():
-            (DOCS / name).write_text((OUT / name).read_text())
+            (DOCS / name).write_bytes((OUT / name).read_bytes())
 
 
 def overhead_section() -> str:
@@ -222,6 +225,61 @@ def scale_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def privacy_section() -> str:
+    doc = load("privacy.json")
+    if not isinstance(doc, dict):
+        return ""
+    rows = doc["rows"]
+    forms = rows["none"]["forms"]
+    lines = [
+        f"`python benchmarks/privacy.py`: FedRE, scarce regime, seeds 0-2, each run audited on "
+        f"its first {doc['clients']} clients (white-box inversion, 300 Adam steps from noise, "
+        "total-variation prior). PSNR / SSIM against the client's closest training image of "
+        "the class, and PSNR against that class's mean image; higher = more recoverable.",
+        "",
+        "| knowledge form | reconstructions | PSNR, closest image (dB) | SSIM, closest | "
+        "PSNR, class mean (dB) |",
+        "|---|---|---|---|---|",
+    ]
+    names = {
+        "raw": "raw representation of one sample",
+        "prototype": "class prototype (FedProto, FedGH, FedTGP)",
+        "entangled": "entangled representation (FedRE)",
+        "gradient": "one sample's head gradient (DLG)",
+    }
+    for form, f in forms.items():
+        lines.append(
+            f"| {names.get(form, form)} | {f['n']:.0f} | {f['psnr_closest']:.2f} | "
+            f"{f['ssim_closest']:.3f} | {f['psnr_class_mean']:.2f} |"
+        )
+    lines += [
+        "",
+        f"Privacy against utility: every uploaded vector clipped to L2 norm {doc['clip']:g} "
+        "(`privacy.clip`), Gaussian noise σ = z × clip per element (`privacy.noise` = z):",
+        "",
+        "| protection | accuracy (last, 3 seeds) | PSNR entangled (dB) | PSNR prototype (dB) |",
+        "|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        acc = r["accuracy-last"]
+        mean = statistics.fmean(acc)
+        std = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        label = "none" if name == "none" else f"clip {doc['clip']:g}, z = {name[1:]}"
+        lines.append(
+            f"| {label} | {mean:.4f} ± {std:.4f} | {r['forms']['entangled']['psnr_closest']:.2f} | "
+            f"{r['forms']['prototype']['psnr_closest']:.2f} |"
+        )
+    if (DOCS / "privacy-grid.png").exists():
+        lines += [
+            "",
+            "One client (seed 0, partition 0, no protection): each form's reconstruction (top) "
+            "and the nearest real training image (bottom):",
+            "",
+            "![privacy grid](docs/results/privacy-grid.png)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def replace_block(text: str, tag: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{tag} -->\n).*?(<!-- /results:{tag} -->)", re.S)
     if not pattern.search(text):
@@ -262,6 +320,7 @@ def main() -> None:
         "fedara-cost": fedara_cost_section(),
         "deployment": deployment_section(),
         "scale": scale_section(),
+        "privacy": privacy_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():
