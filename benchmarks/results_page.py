@@ -338,14 +338,34 @@ def plot(tag: str, regime: str, names: list[str], title: str) -> Path | None:
     return plot_accuracy(runs, DOCS / f"{tag}-{regime}.png", title=title)
 
 
-def plot_without_shared(tag: str, regime: str, names: list[str]) -> Path | None:
-    """Accuracy with (solid) and without (dashed) the shared part, mean over seeds."""
+def figure():  # type: ignore[no-untyped-def]
+    """A new accuracy-vs-round figure: ``(fig, ax)``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def finish(fig, ax, ylabel: str, title: str, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Label, legend and save a figure of :func:`figure`."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_without_shared(tag: str, regime: str, names: list[str]) -> Path | None:
+    """Accuracy with (solid) and without (dashed) the shared part, mean over seeds."""
+    fig, ax = figure()
     drawn = False
     for name in names:
         es = entries(regime, name)
@@ -360,35 +380,25 @@ def plot_without_shared(tag: str, regime: str, names: list[str]) -> Path | None:
             ax.plot(range(1, len(ys) + 1), ys, style, label=label)
             drawn = True
     if not drawn:
+        import matplotlib.pyplot as plt
+
         plt.close(fig)
         return None
     priors = [e.summary["accuracy-prior"] for n in names for e in entries(regime, n)
               if e.summary.get("accuracy-prior")]  # fmt: skip
     if priors:
         ax.axhline(statistics.fmean(priors), linestyle=":", color="gray", label="accuracy-prior")
-    ax.set_xlabel("round")
-    ax.set_ylabel("personalized accuracy")
-    ax.set_title(f"{tag}: with and without the shared part ({regime})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    title = f"{tag}: with and without the shared part ({regime})"
     path = DOCS / f"{tag}-without-shared-{regime}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, "personalized accuracy", title, path)
 
 
 def plot_tiers(regime: str, name: str = "fedara") -> Path | None:
     """Per-tier accuracy vs round (mean over seeds) against the accuracy-prior."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     es = entries(regime, name)
     if not es:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure()
     curves = [tier_accuracy(es, i) for i in range(ROUNDS)]
     for tier in curves[-1]:
         ax.plot(range(1, ROUNDS + 1), [c.get(tier, float("nan")) for c in curves],
@@ -398,16 +408,8 @@ def plot_tiers(regime: str, name: str = "fedara") -> Path | None:
         color="black", label="all clients (Σcorrect/Σsamples)")  # fmt: skip
     ax.axhline(statistics.fmean(e.summary["accuracy-prior"] for e in es), linestyle="--",
                color="gray", label="accuracy-prior")  # fmt: skip
-    ax.set_xlabel("round")
-    ax.set_ylabel("mean client accuracy")
-    ax.set_title(f"{LABELS.get(name, name)}: accuracy per tier ({regime})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = DOCS / f"{name}-tiers-{regime}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    title = f"{LABELS.get(name, name)}: accuracy per tier ({regime})"
+    return finish(fig, ax, "mean client accuracy", title, DOCS / f"{name}-tiers-{regime}.png")
 
 
 def image(path: Path | None, alt: str, base: Path) -> list[str]:
