@@ -136,6 +136,31 @@ def test_aggregation_is_the_weighted_mean_and_poison_is_ignored() -> None:
     assert [n for _, n, _ in s.rejected] == [12]
 
 
+def test_rep_adapter_upload_bytes_and_contract(tmp_path: Path) -> None:
+    """targets=rep: a d→d residual adapter (A r×d, B d×r), the same for every
+    architecture; upload = download = its parameters × 4 bytes."""
+    res, grid = run_inprocess(
+        tmp_path, algorithm="fedlora", **{"fedlora.targets": "rep", "fedlora.rank": 4}
+    )
+    params = 4 * 500 + 500 * 4
+    assert all(r["bytes-up-per-client"] == params * 4 for r in res["rounds"])
+    assert all(r["bytes-down-per-client"] == params * 4 for r in res["rounds"])
+    assert all(r["valid-replies"] == 3 for r in res["rounds"])
+    assert res["rounds"][-1]["accuracy-without-shared"] is not None
+    assert {"logit-share", "adapter-weight-ratio"} <= set(res["rounds"][-1]["eval-diagnostics"])
+
+
+def test_rep_adapter_is_a_residual_on_the_representation() -> None:
+    model = build_model("cnn-2", in_channels=1, num_classes=10, image_size=28, feature_dim=500)
+    attach_adapters(model, ["rep"], rank=2, alpha=4.0)
+    lora = model.adapters["rep"]
+    lora.B.data.normal_()
+    z = torch.randn(3, 500)
+    shifted = z + 2.0 * (z @ lora.A.T) @ lora.B.T  # (α/r) = 4 / 2
+    want = torch.nn.functional.linear(shifted, model.head.weight, model.head.bias)
+    torch.testing.assert_close(model.classify(z), want)
+
+
 def test_upload_bytes_equal_adapter_parameters(tmp_path: Path) -> None:
     res, grid = run_inprocess(tmp_path, algorithm="fedlora", **{"fedlora.rank": 4})
     params = 4 * 500 + 10 * 4

@@ -261,9 +261,11 @@ def test_two_rounds(tmp_path: Path, algorithm: str) -> None:
     assert all(0 <= r["accuracy"] <= 1 for r in res["rounds"])
 
 
-def test_fedre_uploads_exactly_d_plus_c_floats(tmp_path: Path) -> None:
-    res, _ = run_inprocess(tmp_path, algorithm="fedre")
-    assert all(r["bytes-up-per-client"] == (500 + 10) * 4 for r in res["rounds"])
+@pytest.mark.parametrize("reps", [1, 3])
+def test_fedre_uploads_exactly_n_times_d_plus_c_floats(tmp_path: Path, reps: int) -> None:
+    res, _ = run_inprocess(tmp_path, algorithm="fedre", **{"fedre.reps-per-client": reps})
+    assert all(r["bytes-up-per-client"] == reps * (500 + 10) * 4 for r in res["rounds"])
+    assert all(r["valid-replies"] == 3 for r in res["rounds"])
 
 
 @pytest.mark.parametrize("mix", ["vap", "rsr"])
