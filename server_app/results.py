@@ -222,15 +222,21 @@ class Recorded(Strategy):
 
     def _print(self, row: dict[str, Any]) -> None:
         acc = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
+        extra = ""
+        if row["accuracy-without-shared"] is not None:
+            extra += f" | without shared {row['accuracy-without-shared']:.4f}"
+        if "head-change" in row["server-diagnostics"]:
+            extra += f" | head change {row['server-diagnostics']['head-change']:.3f}"
         log(
             INFO,
-            "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | %.1f s",
+            "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | %.1f s%s",
             row["round"],
             self.cfg.num_server_rounds,
             acc,
             human_bytes(row["bytes-up-per-client"]),
             human_bytes(row["bytes-down-per-client"]),
             row["round-time-s"],
+            extra,
         )
 
     # ------------------------------------------------------------------ output
