@@ -32,21 +32,37 @@ WORKLOADS: dict[str, tuple[int, float]] = {"1000-all": (1000, 1.0), "5000-fifth"
 """Name -> (clients, share of them sampled for training and for evaluation)."""
 
 
-def memory_mb(pids: list[int]) -> tuple[float, float]:
-    """(Σ PSS, Σ RSS) in MB of ``pids`` (vanished processes count 0)."""
+def process_name(pid: int) -> str:
+    """A short name of what the process runs (its executable or script)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    words = [Path(a).name for a in argv[:3] if not a.startswith("-")]
+    name = next((w for w in words if w not in ("python", "python3", "python3.11")), "?")
+    return name.split("::")[-1][:40]
+
+
+def memory_mb(pids: list[int]) -> tuple[float, float, dict[str, float]]:
+    """(Σ PSS, Σ RSS, PSS by process name) in MB of ``pids`` (vanished ones count 0)."""
     pss = rss = 0
+    by: dict[str, float] = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as fh:
                 for line in fh:
                     key, _, rest = line.partition(":")
                     if key == "Pss":
-                        pss += int(rest.split()[0])
+                        kb = int(rest.split()[0])
+                        pss += kb
+                        name = process_name(pid)
+                        by[name] = by.get(name, 0.0) + kb / 1024
                     elif key == "Rss":
                         rss += int(rest.split()[0])
         except OSError:
             continue
-    return pss / 1024, rss / 1024
+    return pss / 1024, rss / 1024, by
 
 
 class Sampler(threading.Thread):
@@ -56,19 +72,20 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.interval, self.peak_pss, self.peak_rss = interval, 0.0, 0.0
         self.processes = 0
-        self._stop = threading.Event()
+        self.breakdown: dict[str, float] = {}
+        self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             pids = descendants(os.getpid())
-            pss, rss = memory_mb(pids)
+            pss, rss, by = memory_mb(pids)
             if pss > self.peak_pss:
-                self.peak_pss, self.processes = pss, len(pids)
+                self.peak_pss, self.processes, self.breakdown = pss, len(pids), by
             self.peak_rss = max(self.peak_rss, rss)
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
@@ -108,6 +125,7 @@ def measure(name: str, tmp: Path) -> dict:
         "peak-pss-mb": sampler.peak_pss,
         "peak-rss-mb": sampler.peak_rss,
         "processes-at-peak": sampler.processes,
+        "pss-mb-at-peak-by-process": dict(sorted(sampler.breakdown.items(), key=lambda kv: -kv[1])),
         "wall-s": wall,
     }
 

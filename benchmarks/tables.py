@@ -222,6 +222,12 @@ def scale_section() -> str:
             f"{' / '.join(f'{t:.0f}' for t in r['round-time-s'])} | "
             f"{r['peak-pss-mb'] / 1024:.2f} | {r['peak-rss-mb'] / 1024:.2f} |"
         )
+    last = doc["rows"][-1]
+    lines += [
+        "",
+        f"Where the memory is at the peak ({last['clients']:,} clients, Σ PSS by process, MB): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in last["pss-mb-at-peak-by-process"].items()),
+    ]
     return "\n".join(lines) + "\n"
 
 
