@@ -214,7 +214,7 @@ def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool
     head = ["method", "seeds", "accuracy (last)", "accuracy (best)", "up / client / round",
             "down / client / round"]  # fmt: skip
     columns = {
-        "delta-local": "last − local",
+        "delta-local": "last − local (same seeds)",
         "compute": "client computation × lgfedavg",
         "without-shared": "accuracy without the shared part (last)",
         "round5": "accuracy round 5",
@@ -228,7 +228,7 @@ def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool
     rows = [(n, es) for n, es in rows if es]
     if sort:
         rows.sort(key=lambda r: -statistics.fmean(e.summary["accuracy-last"] for e in r[1]))
-    base = [e.summary["accuracy-last"] for e in entries(regime, "local")]
+    base = {e.seed: e.summary["accuracy-last"] for e in entries(regime, "local")}
     ratios = compute_ratio()
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, es in rows:
@@ -246,13 +246,11 @@ def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool
     return "\n".join(lines)
 
 
-def cell(column: str, name: str, es: list[Entry], base: list[float], ratios: dict) -> str:
+def cell(column: str, name: str, es: list[Entry], base: dict[int, float], ratios: dict) -> str:
     algorithm = es[0].run.config["algorithm"]
-    if column == "delta-local":
-        if not base or name == "local":
-            return "–"
-        diff = statistics.fmean(e.summary["accuracy-last"] for e in es) - statistics.fmean(base)
-        return f"{diff:+.4f}"
+    if column == "delta-local":  # paired by seed: the same partitions
+        pairs = [e.summary["accuracy-last"] - base[e.seed] for e in es if e.seed in base]
+        return "–" if not pairs or name == "local" else f"{statistics.fmean(pairs):+.4f}"
     if column == "compute":
         return f"{ratios[algorithm]:.2f}×" if algorithm in ratios else "–"
     if column == "without-shared":
