@@ -37,6 +37,7 @@ TIMINGS = (
     "compute-cost.json",
     "scale.json",
     "privacy.json",
+    "faults.json",
     "privacy-grid.png",
     "deployment.json",
     "profiles.json",
@@ -286,6 +287,31 @@ def privacy_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def faults_section() -> str:
+    doc = load("faults.json")
+    if not isinstance(doc, dict):
+        return ""
+    lines = [
+        f"`python benchmarks/faults.py`: {doc['nodes']} clients, {doc['rounds']} rounds, "
+        "Fashion-MNIST `data.fraction=0.2`, Dirichlet 0.5, the same partition and seed in "
+        "every row; 20 % of the clients (partitions 0, 5, 10, 15) send the hostile kind in "
+        "every round (or crash: no reply; the straggler: partition 0's reply comes after "
+        "`round-timeout`); the server killed at the start of round 5 and resumed.",
+        "",
+        "| algorithm | fault | rounds completed | replies rejected (by reason) | missing replies | "
+        "global finite | accuracy (last) | clean run | per-round metrics = clean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        rejected = ", ".join(f"{k} {v}" for k, v in r["rejected"].items()) or "–"
+        lines.append(
+            f"| {r['algorithm']} | {r['row']} | {r['rounds-completed']} | {rejected} | "
+            f"{r['missing']} | {'yes' if r['finite'] else '**no**'} | {r['accuracy']:.4f} | "
+            f"{r['accuracy-clean']:.4f} | {'yes' if r['equals-clean'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def replace_block(text: str, tag: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{tag} -->\n).*?(<!-- /results:{tag} -->)", re.S)
     if not pattern.search(text):
@@ -327,6 +353,7 @@ def main() -> None:
         "deployment": deployment_section(),
         "scale": scale_section(),
         "privacy": privacy_section(),
+        "faults": faults_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():

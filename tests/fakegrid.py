@@ -29,7 +29,10 @@ class FakeGrid:
         self.contexts: dict[int, Context] = {}
         for pid in range(num_nodes):
             nid = 1000 + 17 * pid
-            node_config = {"partition-id": pid, "num-partitions": num_nodes}
+            node_config: dict[str, bool | float | int | str] = {
+                "partition-id": pid,
+                "num-partitions": num_nodes,
+            }
             if node_configs:
                 node_config.update(node_configs[pid])
             self.contexts[nid] = Context(

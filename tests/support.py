@@ -36,8 +36,8 @@ def run_inprocess(tmp_path: Path, num_nodes: int = 3, **overrides) -> tuple[dict
     grid = FakeGrid(client_app, run_config, num_nodes)
     strategy = STRATEGIES[cfg.algorithm](cfg)
     recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
-    initial = strategy.initial_arrays(grid)
-    recorder.start(grid, initial, num_rounds=cfg.num_server_rounds, evaluate_fn=recorder.end_round)
+    initial = strategy.initial_arrays(grid)  # type: ignore[arg-type]
+    recorder.start(grid, initial, num_rounds=cfg.num_server_rounds, evaluate_fn=recorder.end_round)  # type: ignore[arg-type]
     path = recorder.write()
     return json.loads(path.read_text()), grid
 

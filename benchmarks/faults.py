@@ -1,0 +1,216 @@
+"""What the server survives: one table of injected faults, the same partition and seed
+in every row.
+
+20 clients (Fashion-MNIST ``data.fraction=0.2``, Dirichlet 0.5), 10 rounds, for fedavg
+(``fedavgcnn``), lgfedavg, fedre and fedara (``cnn`` family). The runs go through the
+in-process grid of the tests (``tests/fakegrid.py``, the real ClientApp and ServerApp
+code, no Ray), whose fault hook turns the replies of 20 % of the clients (partitions
+0, 5, 10, 15) into a hostile kind every round; the hook is test-only code, not
+reachable from a run config. Rows: a clean run; NaN, a wrong shape, float64, int64, a
+huge num-examples, an empty reply, an error reply; those clients crashing (no reply);
+a straggler past ``round-timeout`` (its reply comes too late); the server killed at
+the start of round 5 and resumed. Columns: rounds completed, rejected replies by
+reason, whether the global state stayed finite, the final accuracy against the clean
+run's, and for the resumed row whether its per-round metrics equal the clean run's.
+
+    python benchmarks/faults.py --out benchmarks/out/faults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.probe import task_identity  # noqa: E402
+
+NODES, ROUNDS, HOSTILE = 20, 10, (0, 5, 10, 15)
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "fedavg": {"model.family": "fedavgcnn"},
+    "lgfedavg": {},
+    "fedre": {},
+    "fedara": {},
+}
+KEYS = ("round", "accuracy", "loss", "valid-replies")
+RESUMED = "server killed at round 5, resumed"
+
+
+Fault = Callable[[Any, Any], Any]
+"""``fault(reply, request) -> the reply the server gets instead``."""
+
+
+def _replace_arrays(make: Callable[[dict[str, np.ndarray]], dict]) -> Fault:
+    def fault(reply: Any, request: Any) -> Any:
+        from flwr.app import Message, RecordDict
+
+        from common.records import to_numpy, to_record
+
+        if reply.has_error():
+            return reply
+        arrays = make(to_numpy(reply.content.array_records["arrays"]))
+        metrics = reply.content.metric_records["metrics"]
+        return Message(
+            RecordDict({"arrays": to_record(arrays), "metrics": metrics}), reply_to=request
+        )
+
+    return fault
+
+
+def _huge_count(reply: Any, request: Any) -> Any:
+    if not reply.has_error():
+        reply.content.metric_records["metrics"]["num-examples"] = 1e12
+    return reply
+
+
+def _error(reply: Any, request: Any) -> Any:
+    from flwr.app import Error, Message
+
+    return Message(Error(code=0, reason="injected failure"), reply_to=request)
+
+
+def _first_shape_broken(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    key = next(iter(arrays))
+    return {**arrays, key: np.zeros((*arrays[key].shape, 2), np.float32)}
+
+
+FAULTS: dict[str, Fault] = {
+    "nan": _replace_arrays(lambda a: {k: np.full_like(v, np.nan) for k, v in a.items()}),
+    "wrong shape": _replace_arrays(_first_shape_broken),
+    "float64": _replace_arrays(lambda a: {k: v.astype(np.float64) for k, v in a.items()}),
+    "int64": _replace_arrays(lambda a: {k: v.astype(np.int64) for k, v in a.items()}),
+    "huge num-examples": _huge_count,
+    "empty": _replace_arrays(lambda a: {}),
+    "error": _error,
+}
+
+
+def run_row(tmp: Path, algorithm: str, row: str) -> dict[str, Any]:
+    """One run of ``algorithm`` with fault ``row``; its rows and what was rejected."""
+    from client_app.app import app as client_app
+    from common.config import parse_run_config
+    from server_app.app import serve
+    from tests.fakegrid import FakeGrid
+    from tests.support import small_config
+
+    overrides = {
+        "algorithm": algorithm,
+        "num-server-rounds": ROUNDS,
+        "data.name": "fashion-mnist",
+        "data.fraction": 0.2,
+        "data.alpha": 0.5,
+        "train.batch-size": 10,
+        "round-timeout": 60.0,
+        **ALGORITHMS[algorithm],
+        "out-dir": str(tmp / algorithm / row.replace(" ", "-")),
+    }
+
+    class Grid(FakeGrid):
+        """The tests' in-process grid with this row's fault."""
+
+        crash_at = 5 if row == RESUMED else None
+
+        def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+            messages = list(messages)
+            kinds = {m.metadata.message_type.split(".")[0] for m in messages}
+            rounds = {int(m.content["config"].get("server-round", 0)) for m in messages}
+            if self.crash_at in rounds and "train" in kinds:
+                raise KeyboardInterrupt("server killed")
+            replies = super().send_and_receive(messages, timeout=timeout)
+            if "train" not in kinds:
+                return replies
+            hostile = {self.node_of_partition(p) for p in HOSTILE}
+            if row == "crash":  # those clients died mid-round: no reply
+                return [r for r in replies if r.metadata.src_node_id not in hostile]
+            if row == "straggler past round-timeout":  # one reply after the deadline
+                return [r for r in replies if r.metadata.src_node_id != self.node_of_partition(0)]
+            return replies
+
+    run_config = small_config(tmp, **overrides)
+    grid = Grid(client_app, run_config, NODES)
+    if row in FAULTS:
+        fault = FAULTS[row]
+        for pid in HOSTILE:  # the request is the message just sent to that node
+            grid.faults[grid.node_of_partition(pid)] = lambda r: fault(r, grid.sent[-1])
+    cfg = parse_run_config(run_config)
+    try:
+        path = serve(grid, cfg, simulation=True)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        resumed = {**run_config, "resume": overrides["out-dir"]}
+        fresh = FakeGrid(client_app, resumed, NODES)
+        path = serve(fresh, parse_run_config(resumed), True)  # type: ignore[arg-type]
+    doc = json.loads(path.read_text())
+    return {
+        "rounds": [{k: r[k] for k in KEYS} for r in doc["rounds"]],
+        "rejected": collections.Counter(
+            reason_kind(r["reason"]) for r in doc["summary"]["rejected-replies"]
+        ),
+        "missing": sum(r["missing-replies"] for r in doc["rounds"]),
+        "accuracy": doc["summary"]["accuracy-last"],
+        "finite": finite_global(path.parent),
+    }
+
+
+REASONS = ("non-finite", "dtype", "num-examples", "wrong keys", "wrong shape", "error reply")
+
+
+def reason_kind(reason: str) -> str:
+    """A rejection's kind (its text names the node's array, values, sizes)."""
+    return next((kind for kind in REASONS if kind in reason), reason.split(":")[0])
+
+
+def finite_global(out_dir: Path) -> bool:
+    """Whether the checkpointed global state holds only finite numbers."""
+    from server_app import checkpoint
+
+    state = checkpoint.read(out_dir)["strategy"]
+    return all(np.isfinite(v).all() for v in state["global"].values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/faults.json")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    args = ap.parse_args()
+    task_identity()
+    rows = [
+        "clean",
+        *FAULTS,
+        "crash",
+        "straggler past round-timeout",
+        "server killed at round 5, resumed",
+    ]
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for algorithm in args.algorithms.split(","):
+            clean = run_row(Path(tmp), algorithm, "clean")
+            for row in rows:
+                got = clean if row == "clean" else run_row(Path(tmp), algorithm, row)
+                entry = {
+                    "algorithm": algorithm,
+                    "row": row,
+                    "rounds-completed": len(got["rounds"]),
+                    "rejected": dict(got["rejected"]),
+                    "missing": got["missing"],
+                    "finite": got["finite"],
+                    "accuracy": got["accuracy"],
+                    "accuracy-clean": clean["accuracy"],
+                    "equals-clean": got["rounds"] == clean["rounds"],
+                }
+                table.append(entry)
+                print(json.dumps(entry), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"nodes": NODES, "rounds": ROUNDS, "rows": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
