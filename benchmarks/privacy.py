@@ -10,6 +10,7 @@ vector clipped to L2 norm ``CLIP`` with Gaussian noise σ = z·``CLIP``, z in {0
 (``privacy.clip`` / ``privacy.noise``); accuracy against the reconstructions' PSNR.
 
     python benchmarks/privacy.py --out benchmarks/out/privacy.json
+    python benchmarks/privacy.py --rows none,z1 --seeds 0   # a subset (runs are kept)
 """
 
 from __future__ import annotations
@@ -85,12 +86,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT / "privacy.json")
     ap.add_argument("--grid", type=Path, default=OUT / "privacy-grid.png")
+    ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows")
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     args = ap.parse_args()
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or "none" not in rows:
+        raise SystemExit(f"--rows: unknown {unknown} (known {list(ROWS)}; 'none' is required)")
     task_identity()
     result: dict[str, dict] = {}
-    for row in ROWS:
+    for row in rows:
         seeds = []
-        for seed in SEEDS:
+        for seed in (int(s) for s in args.seeds.split(",") if s):
             out = run(row, seed)
             doc = audit_run(out, args.grid if (row, seed) == ("none", 0) else None)
             summary = json.loads((out / "results.json").read_text())["summary"]
@@ -99,6 +106,7 @@ def main() -> None:
         forms = seeds[0]["summary"].keys()
         result[row] = {
             "overrides": ROWS[row],
+            "seeds": [s["seed"] for s in seeds],
             "accuracy-last": [s["accuracy-last"] for s in seeds],
             "forms": {
                 form: {

@@ -72,9 +72,14 @@ def _clients_dir(msg: Message) -> str:
     return str(msg.content["config"].get("clients-dir", ""))
 
 
+def _lineage(msg: Message) -> str:
+    """The run's lineage tag (names the personal model's files; kept on resume)."""
+    return str(msg.content["config"].get("lineage", ""))
+
+
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
-    run = open_run(context, _round(msg), hook, _clients_dir(msg))
+    run = open_run(context, _round(msg), hook, _clients_dir(msg), lineage=_lineage(msg))
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.train(run)
@@ -94,7 +99,9 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
 
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
-    run = open_run(context, _round(msg), hook, _clients_dir(msg), training=False)
+    run = open_run(
+        context, _round(msg), hook, _clients_dir(msg), training=False, lineage=_lineage(msg)
+    )
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)
     stats = hook.evaluate(run, run.data.x_test, run.data.y_test)

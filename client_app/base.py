@@ -157,6 +157,8 @@ class ClientRun:
     """Diagnostics a hook measures; sent with the training reply's metrics."""
     state_path: Path | None = None
     """Stem of the personal model's files on disk (None: kept in memory)."""
+    lineage: str = ""
+    """The run's lineage tag the server sent (names this run's files on disk)."""
 
     def generator(self, purpose: int = 0) -> torch.Generator:
         """A generator seeded by (seed, round, partition, purpose)."""
@@ -186,7 +188,9 @@ class ClientRun:
         rounds = self.rounds_trained + 1
         self.state[META_KEY] = ConfigRecord({"rounds-trained": rounds})
         if self.state_path is not None:
-            personal_state.save(self.state_path, self.model.state_dict(), rounds, self.server_round)
+            personal_state.save(
+                self.state_path, self.model.state_dict(), rounds, self.server_round, self.lineage
+            )
         else:
             self.state[MODEL_KEY] = to_record(self.model.state_dict())
 
@@ -208,12 +212,14 @@ def open_run(
     hook: ClientHook,
     run_dir: str = "",
     training: bool = True,
+    lineage: str = "",
 ) -> ClientRun:
     """Config, node, data and the personal model (restored, or fresh and seeded).
 
     ``run_dir``: the simulation's clients folder the server sent (a node-config
     ``state-dir`` wins); ``training``: a training message loads the personal model
-    of an earlier round, an evaluation message that of this round at most."""
+    of an earlier round, an evaluation message that of this round at most;
+    ``lineage``: the run's tag (see :mod:`client_app.state`)."""
     cfg = run_config(context)
     node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
     threads = node.profile.threads if node.profile else cfg.train.num_threads
@@ -231,6 +237,7 @@ def open_run(
     )
     run = ClientRun(cfg, node, data, model, context.state, server_round)
     run.state_path = node.state_file(cfg, run_dir)
+    run.lineage = lineage
     hook.prepare(run)
     if run.state_path is not None:
         resume(run, server_round if training else server_round + 1)
@@ -241,9 +248,9 @@ def open_run(
 
 
 def resume(run: ClientRun, before: int) -> None:
-    """Load the newest personal model saved in a round before ``before``."""
+    """Load the personal model this run starts from (:func:`client_app.state.pick`)."""
     path = run.state_path
-    saved = personal_state.load(path, before) if path is not None else None
+    saved = personal_state.load(path, before, run.lineage) if path is not None else None
     if saved is None:
         return
     model_state, rounds = saved

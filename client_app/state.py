@@ -4,11 +4,14 @@ models in memory.
 
 With a state directory (node-config ``state-dir`` in deployment; in a simulation
 ``<out-dir>/clients/node-<partition>``, sent by the server), every training round
-writes the personal model to ``<dir>/<algorithm>-<arch>-<fingerprint>.r<round>.pt``
+writes the personal model to ``<dir>/<algorithm>-<arch>-<fingerprint>.r<round>.<lineage>.pt``
 (atomically; the two newest rounds are kept) and nothing but a round counter stays
-in ``context.state``. A message of round ``t`` loads the newest file of an earlier
-round (training) or of round ``t`` at most (evaluation), so a round that is run
-again after a crash starts from exactly what the round before it left. The
+in ``context.state``. Files carry the run's lineage (a tag the server draws when a
+run starts and keeps when it is resumed): a message of round ``t`` loads this run's
+newest file of an earlier round (training) or of round ``t`` at most (evaluation),
+so a round that is run again after a crash starts from exactly what the round
+before it left; a new run (no file of its own yet) continues from the newest file
+any earlier run left. The
 fingerprint covers every setting that changes the model's structure or meaning
 (algorithm, model.*, data.*, seed, the algorithm's own section, the architecture):
 change one and the node starts fresh instead of loading an incompatible model.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
 
@@ -45,27 +49,54 @@ KEEP = 2
 
 
 def state_path(state_dir: str, cfg: RunConfig, arch: str) -> Path:
-    """The stem ``<dir>/<algorithm>-<arch>-<fingerprint>``; files add ``.r<round>.pt``."""
+    """The stem ``<dir>/<algorithm>-<arch>-<fingerprint>``; files add ``.r<round>.<lineage>.pt``."""
     return Path(state_dir).expanduser() / f"{cfg.algorithm}-{arch}-{fingerprint(cfg, arch)}"
 
 
-def versions(stem: Path) -> dict[int, Path]:
-    """Server round -> file of every saved version of ``stem``."""
-    out = {}
+def clean_lineage(lineage: str) -> str:
+    """A lineage tag as it may appear in a file name (it comes from the server)."""
+    return "".join(c for c in str(lineage) if c.isalnum() or c == "-")[:32]
+
+
+@dataclass(frozen=True)
+class Version:
+    """One saved personal model: its run lineage, server round and file."""
+
+    lineage: str
+    round: int
+    path: Path
+    mtime_ns: int
+
+
+def versions(stem: Path) -> list[Version]:
+    """Every saved version of ``stem``, oldest first (by write time, then round)."""
+    out = []
     for path in stem.parent.glob(f"{stem.name}.r*.pt"):
         tail = path.name[len(stem.name) + 2 : -3]
-        if tail.isdigit():
-            out[int(tail)] = path
-    return out
+        rnd, _, lineage = tail.partition(".")
+        if not rnd.isdigit():
+            continue
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:  # removed meanwhile
+            continue
+        out.append(Version(lineage, int(rnd), path, mtime))
+    return sorted(out, key=lambda v: (v.mtime_ns, v.round))
 
 
 def save(
-    stem: Path, model_state: dict[str, Tensor], rounds_trained: int, server_round: int
+    stem: Path,
+    model_state: dict[str, Tensor],
+    rounds_trained: int,
+    server_round: int,
+    lineage: str = "",
 ) -> None:
-    """Write round ``server_round``'s version atomically (write, fsync, rename: a kill
-    mid-write leaves the earlier versions intact); drop all but the newest ``KEEP``."""
+    """Write round ``server_round``'s version of run ``lineage`` atomically (write,
+    fsync, rename: a kill mid-write leaves the earlier versions intact); drop all but
+    the newest ``KEEP``."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    path = stem.parent / f"{stem.name}.r{server_round:06d}.pt"
+    tag = clean_lineage(lineage)
+    path = stem.parent / (f"{stem.name}.r{server_round:06d}" + (f".{tag}" if tag else "") + ".pt")
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "wb") as fh:
         torch.save(
@@ -78,20 +109,34 @@ def save(
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    for old in sorted(versions(stem))[:-KEEP]:
-        versions(stem)[old].unlink(missing_ok=True)
+    for old in versions(stem)[:-KEEP]:
+        old.path.unlink(missing_ok=True)
 
 
-def load(stem: Path, before: int | None = None) -> tuple[dict[str, Tensor], int] | None:
-    """The newest saved version from a round before ``before`` (None: any), as (model
-    state, rounds trained), or None (absent or unreadable)."""
-    found = {r: p for r, p in versions(stem).items() if before is None or r < before}
-    if not found:
+def pick(found: list[Version], before: int | None, lineage: str) -> Version | None:
+    """The version a message of run ``lineage`` starts from: the newest of this run
+    from a round before ``before`` (a round run again after a crash starts from what
+    the round before it left); if this run has none, the newest version any earlier
+    run left (a new run continues the node's personal model)."""
+    tag = clean_lineage(lineage)
+    own = [v for v in found if v.lineage == tag and (before is None or v.round < before)]
+    if own:
+        return max(own, key=lambda v: v.round)
+    others = [v for v in found if v.lineage != tag]
+    return others[-1] if others else None
+
+
+def load(
+    stem: Path, before: int | None = None, lineage: str = ""
+) -> tuple[dict[str, Tensor], int] | None:
+    """The personal model :func:`pick` chooses, as (model state, rounds trained), or
+    None (absent or unreadable)."""
+    chosen = pick(versions(stem), before, lineage)
+    if chosen is None:
         return None
-    path = found[max(found)]
     try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
+        doc = torch.load(chosen.path, map_location="cpu", weights_only=True)
         return doc["model"], int(doc["rounds-trained"])
     except Exception as exc:  # noqa: BLE001 - a corrupt file must not kill the node
-        log(WARNING, "ignoring unreadable personal state %s: %s", path, exc)
+        log(WARNING, "ignoring unreadable personal state %s: %s", chosen.path, exc)
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import secrets
 import statistics
 from collections.abc import Iterable
 from dataclasses import replace
@@ -71,6 +72,10 @@ class HeteroStrategy(Strategy):
         self.clients_dir = ""
         """A simulation's folder for the clients' personal models (sent with every
         message as ``clients-dir``); empty in deployment (nodes use their state-dir)."""
+        self.lineage = secrets.token_hex(4)
+        """This run's tag, sent with every message: nodes name their personal-model
+        files with it, so a new run continues from what an earlier one left and a
+        resumed run (the tag is checkpointed) from its own earlier rounds."""
         self.diagnostics: dict[str, Any] = {}
         """What this round's server step measured about itself (written to the round's
         ``server-diagnostics`` in results.json, then cleared)."""
@@ -116,12 +121,18 @@ class HeteroStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """Everything this strategy carries from round to round (for a checkpoint):
         the global state, the rejected replies and :meth:`extra_state`."""
-        return {"global": self.global_arrays, "rejected": self.rejected, **self.extra_state()}
+        return {
+            "global": self.global_arrays,
+            "rejected": self.rejected,
+            "lineage": self.lineage,
+            **self.extra_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` (after discovery and ``init_global``)."""
         self.global_arrays = dict(state["global"])
         self.rejected = list(state["rejected"])
+        self.lineage = str(state.get("lineage", self.lineage))
         self.load_extra_state(state)
 
     def extra_state(self) -> dict[str, Any]:
@@ -225,6 +236,7 @@ class HeteroStrategy(Strategy):
         for node in nodes:
             cfg = ConfigRecord(dict(config))
             cfg["server-round"] = server_round
+            cfg["lineage"] = self.lineage
             if self.clients_dir:
                 cfg["clients-dir"] = self.clients_dir
             payload = self.payload(server_round, node)

@@ -147,8 +147,12 @@ def test_a_killed_task_child_fails_only_its_task(fed: Federation) -> None:
     assert killed, "no task child of node 1 was seen"
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
     res = results(fed, "child-killed")
-    assert [r["valid-replies"] for r in res["rounds"]] == [2, 3]
-    assert res["rounds"][0]["missing-replies"] + len(res["summary"]["rejected-replies"]) >= 1
+    # exactly the killed task's reply is lost (under load the first child seen may be a
+    # later task than round 1's training): 2 rounds x 3 nodes x (train + evaluate) - 1
+    rounds = res["rounds"]
+    assert sum(r["valid-replies"] + r["eval-clients"] for r in rounds) == 11
+    lost_train = sum(r["missing-replies"] for r in rounds) + len(res["summary"]["rejected-replies"])
+    assert lost_train == sum(3 - r["valid-replies"] for r in rounds)
     assert "ended with exit code -9" in (fed.workdir / "logs" / "superexec-1.log").read_text()
 
 

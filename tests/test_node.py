@@ -64,11 +64,10 @@ def test_device_local_missing_path_names_the_path(tmp_path: Path) -> None:
         )
 
 
-def _train(ctx: Context, head: dict, server_round: int) -> Message:
+def _train(ctx: Context, head: dict, server_round: int, lineage: str = "") -> Message:
+    config = ConfigRecord({"server-round": server_round, "lineage": lineage})
     msg = Message(
-        RecordDict(
-            {"arrays": to_record(head), "config": ConfigRecord({"server-round": server_round})}
-        ),
+        RecordDict({"arrays": to_record(head), "config": config}),
         dst_node_id=ctx.node_id,
         message_type="train.lgfedavg",
     )
@@ -105,6 +104,35 @@ def test_state_dir_lets_a_restarted_node_resume(tmp_path: Path) -> None:
     fresh = _context(tmp_path, {})  # no state dir: a new model, kept in memory
     run = open_run(fresh, 3, HOOKS["lgfedavg"])
     assert not torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
+
+
+def test_a_new_run_continues_the_personal_model_a_resumed_one_its_own_round(
+    tmp_path: Path,
+) -> None:
+    """Server rounds restart at 1 in a new run: its first message continues from the
+    newest model any earlier run left; a round run again after a crash starts from
+    what this run's round before it left, even with an earlier run's files present."""
+    state_dir = tmp_path / "state"
+    head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
+    ctx = _context(tmp_path, {"state-dir": str(state_dir)})
+    for rnd in (1, 2):
+        assert _train(ctx, head, rnd, "runa").content["metrics"]["rounds-trained"] == rnd
+    restarted = _context(tmp_path, {"state-dir": str(state_dir)})  # a new process
+    assert _train(restarted, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
+    # run b crashed in round 1 after the node saved: round 1 again starts from run a's
+    again = _context(tmp_path, {"state-dir": str(state_dir)})
+    assert open_run(again, 1, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 2
+    assert _train(again, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
+    assert _train(again, head, 2, "runb").content["metrics"]["rounds-trained"] == 4
+    # round 2 of run b run again: from run b's round 1
+    assert (
+        open_run(
+            _context(tmp_path, {"state-dir": str(state_dir)}), 2, HOOKS["lgfedavg"], lineage="runb"
+        ).rounds_trained
+        == 3
+    )
+    names = sorted(f.name.split(".", 1)[1] for f in state_dir.glob("*.pt"))
+    assert names == ["r000001.runb.pt", "r000002.runb.pt"]
 
 
 def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
