@@ -296,7 +296,8 @@ def faults_section() -> str:
         return ""
     lines = [
         f"`python benchmarks/faults.py`: {doc['nodes']} clients, {doc['rounds']} rounds, "
-        "Fashion-MNIST `data.fraction=0.2`, Dirichlet 0.5, the same partition and seed in "
+        f"Fashion-MNIST `data.fraction={doc.get('fraction', 0.2):g}`, Dirichlet 0.5, the same "
+        "partition and seed in "
         "every row; 20 % of the clients (partitions 0, 5, 10, 15) send the hostile kind in "
         "every round (or crash: no reply; the straggler: partition 0's reply comes after "
         "`round-timeout`); the server killed at the start of round 5 and resumed.",
