@@ -125,37 +125,6 @@ def _task_children(fed: Federation, node: int) -> list[int]:
     return [c for s in servers for c in descendants(s)]
 
 
-def test_a_killed_task_child_fails_only_its_task(fed: Federation) -> None:
-    killed: list[int] = []
-
-    def hunt() -> None:
-        deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            for pid in _task_children(fed, 1):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
-            time.sleep(0.02)
-
-    def echo(line: str) -> None:
-        if "[fedhet] fedre:" in line:  # nodes known: the next tasks are round 1's
-            threading.Thread(target=hunt, daemon=True).start()
-
-    outcome = fed.run(
-        overrides(fed, "child-killed", **{"round-timeout": 150.0}), timeout=900, echo=echo
-    )
-    assert killed, "no task child of node 1 was seen"
-    assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    res = results(fed, "child-killed")
-    # exactly the killed task's reply is lost (under load the first child seen may be a
-    # later task than round 1's training): 2 rounds x 3 nodes x (train + evaluate) - 1
-    rounds = res["rounds"]
-    assert sum(r["valid-replies"] + r["eval-clients"] for r in rounds) == 11
-    lost_train = sum(r["missing-replies"] for r in rounds) + len(res["summary"]["rejected-replies"])
-    assert lost_train == sum(3 - r["valid-replies"] for r in rounds)
-    assert "ended with exit code -9" in (fed.workdir / "logs" / "superexec-1.log").read_text()
-
-
 def test_a_second_run_with_changed_app_code_uses_the_new_code(
     fed: Federation, tmp_path: Path
 ) -> None:
@@ -224,7 +193,43 @@ def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) ->
     assert all(r["valid-replies"] == 3 for r in rounds)
 
 
-# ---------------------------------------------------------------- last: leaves node 1 dead
+# ------------------------------------------- near the end: these two disturb node 1
+
+
+def test_a_killed_task_child_fails_only_its_task(fed: Federation) -> None:
+    killed: list[int] = []
+
+    def hunt() -> None:
+        # mid-task: the first child seen alive for a second (it has claimed and
+        # started its task; a training task of this run takes several seconds)
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            now = time.monotonic()
+            for pid in _task_children(fed, 1):
+                if now - seen.setdefault(pid, now) >= 1.0:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.05)
+
+    def echo(line: str) -> None:
+        if "[fedhet] fedre:" in line:  # nodes known: the next tasks are round 1's
+            threading.Thread(target=hunt, daemon=True).start()
+
+    outcome = fed.run(
+        overrides(fed, "child-killed", **{"round-timeout": 150.0}), timeout=900, echo=echo
+    )
+    assert killed, "no task child of node 1 was seen"
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    res = results(fed, "child-killed")
+    # exactly the killed task's reply is lost (under load the first child seen may be a
+    # later task than round 1's training): 2 rounds x 3 nodes x (train + evaluate) - 1
+    rounds = res["rounds"]
+    assert sum(r["valid-replies"] + r["eval-clients"] for r in rounds) == 11
+    lost_train = sum(r["missing-replies"] for r in rounds) + len(res["summary"]["rejected-replies"])
+    assert lost_train == sum(3 - r["valid-replies"] for r in rounds)
+    assert "ended with exit code -9" in (fed.workdir / "logs" / "superexec-1.log").read_text()
 
 
 def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation) -> None:
