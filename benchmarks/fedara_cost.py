@@ -84,10 +84,13 @@ def server_time(num_clients: int, repeats: int = 3) -> dict:
                 k: v.numpy() + rng.normal(0, 1e-3, v.shape).astype(np.float32)
                 for k, v in m.content.array_records["arrays"].items()
             }
-            replies.append(reply(m.metadata.dst_node_id, arrays, 100))
+            dst = m.metadata.dst_node_id
+            replies.append(reply(dst, arrays, s.nodes[dst].num_train))
         t2 = time.perf_counter()
         s.aggregate_train(1, replies)
         t3 = time.perf_counter()
+        if s.rejected:  # a benchmark of a round that aggregated nothing is no benchmark
+            raise SystemExit(f"fedara_cost: replies rejected: {s.rejected[:3]}")
         configure.append(t1 - t0)
         aggregate.append(t3 - t2)
         times.append((t1 - t0) + (t3 - t2))
