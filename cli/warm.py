@@ -50,8 +50,18 @@ FLOWER_INTERNALS = (
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 this module uses or replaces."""
 
-PRELOAD = ["numpy", "torch", "flwr.app", "flwr.clientapp", "flwr.supernode.cli"]
-"""What the warm parent imports once (never the app's own packages)."""
+PRELOAD = [
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "flwr.app",
+    "flwr.clientapp",
+    "flwr.supernode.cli",
+]
+"""What the warm parent imports once (never the app's own packages). ``torch._dynamo``
+(with sympy and torch._inductor) is what the first ``torch.optim`` optimiser of a
+process imports: 2-3 s here that every training task would pay again; importing it
+starts no thread."""
 
 TASK_POLL_S = "0.05"
 SUPERNODE_POLL_S = 0.05

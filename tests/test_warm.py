@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from cli.warm import FLOWER_INTERNALS, flower_command, flower_internal
 from server_app.grid import PollingGrid
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("module", "name"), FLOWER_INTERNALS)
@@ -100,3 +103,32 @@ def test_polling_grid_stops_at_the_timeout() -> None:
     start = time.monotonic()
     replies = list(PollingGrid(inner, interval=0.05).send_and_receive(msgs, timeout=0.3))  # type: ignore[arg-type]
     assert replies == [] and 0.3 <= time.monotonic() - start < 1.0
+
+
+def test_the_warm_parent_preloads_the_optimiser_imports_and_starts_no_thread() -> None:
+    """After PRELOAD, a process's first torch optimiser imports nothing more (else every
+    forked training task pays for it again), and PRELOAD starts no native thread beyond
+    what importing numpy and torch alone starts (a fork must not lose live threads)."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib, os, sys
+def tasks(): return len(os.listdir('/proc/self/task'))
+import numpy, torch
+base = tasks()
+from cli.warm import PRELOAD
+for name in PRELOAD: importlib.import_module(name)
+after = tasks()
+before = set(sys.modules)
+torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1, momentum=0.9)
+new = sorted(n for n in set(sys.modules) - before if n.startswith(('torch', 'sympy')))
+print(base, after, len(new), new[:5])
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    base, after, new, *names = out.stdout.split(maxsplit=3)
+    assert after == base, f"PRELOAD started native threads: {base} -> {after}"
+    assert new == "0", f"the first optimiser still imports {names}"
