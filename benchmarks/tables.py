@@ -90,12 +90,13 @@ def fedara_cost_section() -> str:
         "#### FedARA costs",
         "",
         "`python benchmarks/fedara_cost.py`: server time per round (configure_train "
-        "with the decompositions + aggregate_train with reconstruction and the "
-        "weighted mean), replies spread round-robin over the 5 default tiers "
+        "with the decompositions + aggregate_train with the default rule `coverage`: "
+        "reconstruction, weighted mean, served residuals, per-direction normalisation), "
+        "replies spread round-robin over the 5 default tiers "
         "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores.",
         "",
         "| client replies | server s / round | decompose (configure) s | "
-        "reconstruct + aggregate s |",
+        "aggregate s |",
         "|---|---|---|---|",
     ]
     for r in doc["server"]:
