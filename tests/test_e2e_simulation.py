@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -115,3 +116,70 @@ def test_strongest_baselines_run_through_flwr(tmp_path: Path, algorithm: str) ->
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["valid-replies"] for r in res["rounds"]] == [3, 3]
     assert res["summary"]["accuracy-last"] > res["summary"]["accuracy-prior"] - 0.2
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_simulation_killed_after_round_3_of_6_resumes_to_the_same_metrics(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the simulation's whole process tree (SuperLink, SuperExec, the
+    simulation, Ray and its workers) once round 3 is reported; ``resume`` on a new
+    SuperLink finishes the run with exactly the per-round metrics of an uninterrupted
+    one (CPU, same seed; the clients' personal models come back from the out-dir)."""
+    from cli.launch import simulation_superlink, stream_run, write_run_config
+
+    common = {**_common(tmp_path), "num-server-rounds": 6, "algorithm": "fedre", "seed": 1}
+    home = tmp_path / "flwr"
+    full = run_simulation(
+        ROOT,
+        {**common, "out-dir": str(tmp_path / "full")},
+        num_supernodes=3,
+        flwr_home=home,
+        timeout=900,
+    )
+    assert full.ok, full.status
+
+    crashed = tmp_path / "crashed"
+    killed: list[str] = []
+    with simulation_superlink(home) as (conn, env, procs):
+
+        def echo(line: str) -> None:
+            if not killed and "[fedhet] round 3/6" in line:
+                killed.append(line)
+                procs.stop("superlink", sig=signal.SIGKILL, grace=0.0)
+                raise _Killed
+
+        config = write_run_config({**common, "out-dir": str(crashed)}, tmp_path)
+        cmd = [
+            "flwr",
+            "run",
+            str(ROOT),
+            conn,
+            "--stream",
+            "--federation-config",
+            "num-supernodes=3 client-resources-num-cpus=1",
+            "--run-config",
+            str(config),
+        ]
+        with pytest.raises(_Killed):
+            stream_run(cmd, env, ROOT, home / "logs" / "killed.log", echo, 900)
+    assert killed
+    before = json.loads((crashed / "results.json").read_text())["rounds"]
+    assert 2 <= len(before) <= 3  # the checkpoint of round 3, or of round 2 if it was not written
+
+    resumed = run_simulation(
+        ROOT,
+        {**common, "out-dir": str(crashed), "resume": str(crashed)},
+        num_supernodes=3,
+        flwr_home=home,
+        timeout=900,
+    )
+    assert resumed.ok, resumed.status
+    keys = ("round", "accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
+    want = json.loads((tmp_path / "full" / "results.json").read_text())["rounds"]
+    got = json.loads((crashed / "results.json").read_text())["rounds"]
+    assert len(want) == 6
+    assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
