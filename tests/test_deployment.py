@@ -248,4 +248,8 @@ def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation) -> None
     res = results(fed, "killed")
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     assert all(r["valid-replies"] == 2 for r in res["rounds"])
-    assert res["rounds"][0]["missing-replies"] + len(res["summary"]["rejected-replies"]) >= 1
+    first = res["rounds"][0]
+    lost = first["missing-replies"] + len(res["summary"]["rejected-replies"])
+    # node 1 was either sent round 1's message and failed it, or (the SuperLink already
+    # knew it was gone) not sampled at all
+    assert lost >= 1 or first["train-clients"] == 2
