@@ -316,6 +316,23 @@ def simulation_superlink(
         yield conn, env, procs
 
 
+def simulation_command(
+    app_dir: Path, conn: str, num_supernodes: int, cpus_per_client: int, config: Path | None
+) -> list[str]:
+    """``flwr run app_dir conn --stream`` as a simulation of ``num_supernodes`` nodes,
+    with the run-config file ``config`` if given."""
+    cmd = [
+        "flwr",
+        "run",
+        str(app_dir),
+        conn,
+        "--stream",
+        "--federation-config",
+        f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}",
+    ]
+    return cmd + (["--run-config", str(config)] if config is not None else [])
+
+
 def run_simulation(
     app_dir: Path,
     overrides: Mapping[str, Scalar],
@@ -335,17 +352,8 @@ def run_simulation(
         simulation_superlink(home, extra_env) as (conn, env, _),
     ):
         log_path = home / "logs" / f"{conn}.run.log"
-        cmd = [
-            "flwr",
-            "run",
-            str(app_dir),
-            conn,
-            "--stream",
-            "--federation-config",
-            f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}",
-        ]
-        if overrides:
-            cmd += ["--run-config", str(write_run_config(overrides, Path(tmp)))]
+        config = write_run_config(overrides, Path(tmp)) if overrides else None
+        cmd = simulation_command(app_dir, conn, num_supernodes, cpus_per_client, config)
         run_id = stream_run(cmd, env, app_dir, log_path, echo, timeout)
         status = run_status(env, conn, run_id, app_dir) if run_id else "not started"
         return RunOutcome(run_id, status, log_path)

@@ -129,7 +129,12 @@ def test_a_simulation_killed_after_round_3_of_6_resumes_to_the_same_metrics(
     simulation, Ray and its workers) once round 3 is reported; ``resume`` on a new
     SuperLink finishes the run with exactly the per-round metrics of an uninterrupted
     one (CPU, same seed; the clients' personal models come back from the out-dir)."""
-    from cli.launch import simulation_superlink, stream_run, write_run_config
+    from cli.launch import (
+        simulation_command,
+        simulation_superlink,
+        stream_run,
+        write_run_config,
+    )
 
     common = {**_common(tmp_path), "num-server-rounds": 6, "algorithm": "fedre", "seed": 1}
     home = tmp_path / "flwr"
@@ -153,17 +158,7 @@ def test_a_simulation_killed_after_round_3_of_6_resumes_to_the_same_metrics(
                 raise _Killed
 
         config = write_run_config({**common, "out-dir": str(crashed)}, tmp_path)
-        cmd = [
-            "flwr",
-            "run",
-            str(ROOT),
-            conn,
-            "--stream",
-            "--federation-config",
-            "num-supernodes=3 client-resources-num-cpus=1",
-            "--run-config",
-            str(config),
-        ]
+        cmd = simulation_command(ROOT, conn, 3, 1, config)
         with pytest.raises(_Killed):
             stream_run(cmd, env, ROOT, home / "logs" / "killed.log", echo, 900)
     assert killed
