@@ -205,14 +205,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fedara-cost.json")
     ap.add_argument("--clients", default="10,100,1000")
+    ap.add_argument(
+        "--server-only",
+        action="store_true",
+        help="time the server only; keep the per-tier rows of an existing --out file",
+    )
     args = ap.parse_args()
+    doc = {}
+    if args.server_only:
+        if not args.out.exists():
+            raise SystemExit(f"--server-only: {args.out} does not exist (run without it first)")
+        doc = json.loads(args.out.read_text())
     server = []
     for n in (int(c) for c in args.clients.split(",")):
         server.append(server_time(n))
         print(json.dumps(server[-1]), flush=True)
-    tiers = per_tier()
+    doc["server"] = server
+    doc["server-measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if not args.server_only:
+        doc["tiers"] = per_tier()
+        doc["tiers-measured"] = doc["server-measured"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"server": server, "tiers": tiers}, indent=1))
+    args.out.write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

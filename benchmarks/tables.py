@@ -93,10 +93,18 @@ def fedara_cost_section() -> str:
         "with the decompositions + aggregate_train with the default rule `coverage`: "
         "reconstruction, weighted mean, served residuals, per-direction normalisation), "
         "replies spread round-robin over the 5 default tiers "
-        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores.",
+        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores"
+        + (f", measured {doc['server-measured']}" if "server-measured" in doc else "")
+        + (
+            " (the per-tier rows below come from an earlier run of the full benchmark"
+            + (f", {doc['tiers-measured']}" if "tiers-measured" in doc else "")
+            + "; `--server-only` re-times the server alone)"
+            if doc.get("tiers-measured") != doc.get("server-measured")
+            else ""
+        )
+        + ".",
         "",
-        "| client replies | server s / round | decompose (configure) s | "
-        "aggregate s |",
+        "| client replies | server s / round | decompose (configure) s | aggregate s |",
         "|---|---|---|---|",
     ]
     for r in doc["server"]:

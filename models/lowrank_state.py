@@ -14,7 +14,7 @@ Keys, order and shapes equal ``factorise(extractor, layers, ratio).state_dict()`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -169,7 +169,6 @@ def weighted_reconstruction(
     states: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     layers: Mapping[str, tuple[int, ...]],
-    chunk_rank: int = 4096,
     product_scales: Sequence[Mapping[str, float]] | None = None,
 ) -> dict[str, Tensor]:
     """``Σ_k w_k · reconstruct_state(states[k])`` (weights normalised), streaming.
@@ -178,18 +177,18 @@ def weighted_reconstruction(
     that layer (FedARA divides by the gain a tier was served with).
 
     Each state may be factorised at its own rank or full (ratio 1). For a layer,
-    ``Σ_k w_k U_k V_kᵀ`` is one product of the column-stacked ``[w_k U_k]`` and
-    ``[V_k]`` (in chunks of at most ``chunk_rank`` columns): the same arithmetic as
-    reconstructing client by client, in a few large matrix products, and without
-    holding every client's full-rank weights in memory. The stacked products run in
-    float32 (the factors' dtype); their results and every other term are summed in
-    float64, which is the dtype of the returned tensors.
+    ``Σ_k w_k U_k V_kᵀ`` is accumulated in place, one ``addmm`` per state into a
+    float32 matrix of the weight's size: the same arithmetic as reconstructing client
+    by client, without copying any factor and without holding every client's
+    full-rank weights in memory. The factor products and their running sum are
+    float32 (the factors' dtype); that sum and every other term are added in float64,
+    which is the dtype of the returned tensors.
     """
     total = float(sum(weights))
     if not states or total <= 0:
         raise ValueError("need at least one state and a positive total weight")
     acc: dict[str, Tensor] = {}
-    stacks: dict[str, list[tuple[Tensor, Tensor]]] = {name: [] for name in layers}
+    products: dict[str, Tensor] = {}
 
     def add(key: str, value: Tensor, w: float) -> None:
         if key in acc:
@@ -203,7 +202,9 @@ def weighted_reconstruction(
         factorised = {n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in state}
         for layer in factorised:
             u, v = factors_from_state(state, layer, layers[layer])
-            stacks[layer].append((u.float() * (w * scale.get(layer, 1.0)), v.float()))
+            if layer not in products:
+                products[layer] = torch.zeros(_matrix_dims(layers[layer]), dtype=torch.float32)
+            products[layer].addmm_(u.float(), v.float().T, alpha=w * scale.get(layer, 1.0))
             lowrank_bias, bias = _bias_keys(layer, layers[layer])
             if lowrank_bias in state:
                 add(bias, state[lowrank_bias], w)
@@ -211,25 +212,30 @@ def weighted_reconstruction(
             owner = _layer_of(key, layers)
             if owner is None or owner not in factorised:
                 add(key, value, w)
-    for layer, pairs in stacks.items():
-        for u, v in _chunks(pairs, chunk_rank):
-            key = f"{layer}.weight"
-            add(key, reconstruct(u, v, layers[layer]), 1.0)
-    return acc
+    for layer, product in products.items():
+        shape = layers[layer]
+        matrix = product if len(shape) == 2 else matrix_to_conv(product, *shape[:3])
+        add(f"{layer}.weight", matrix, 1.0)
+    return _in_order(acc, states[0], layers)
 
 
-def _chunks(pairs: list[tuple[Tensor, Tensor]], limit: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """Column-stack factor pairs into products of at most ``limit`` total rank."""
-    batch: list[tuple[Tensor, Tensor]] = []
-    size = 0
-    for u, v in pairs:
-        if batch and size + u.shape[1] > limit:
-            yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
-            batch, size = [], 0
-        batch.append((u, v))
-        size += u.shape[1]
-    if batch:
-        yield torch.cat([b[0] for b in batch], 1), torch.cat([b[1] for b in batch], 1)
+def _in_order(
+    acc: dict[str, Tensor], first: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]]
+) -> dict[str, Tensor]:
+    """``acc`` in the key order of the full-rank extractor state (``first``
+    reconstructed: factor keys replaced, at the position of a layer's first key, by
+    its weight and bias)."""
+    order: list[str] = []
+    for key in first:
+        layer = _layer_of(key, layers)
+        if layer is not None and lowrank_state_keys(layer, layers[layer])[0] in first:
+            for name in (f"{layer}.weight", f"{layer}.bias"):
+                if name in acc and name not in order:
+                    order.append(name)
+        elif key not in order:
+            order.append(key)
+    order += [k for k in acc if k not in order]
+    return {k: acc[k] for k in order}
 
 
 def served_residual(
@@ -280,15 +286,21 @@ def coverage_normalised(delta: Tensor, svd: Svd, cover: Tensor, tail: float) -> 
     k = p.shape[1]
     inv = torch.where(cover > 0, 1 / cover.double().clamp(min=1e-300), 0.0)[:k]
     inv_tail = 1 / tail if tail > 0 else 0.0
+    # d = PAQᵀ-block + P·(rows of A off Q) + (cols of B off P)·Qᵀ + the rest; each
+    # block scaled, then collected as inv_tail·d + P X + (Y + P Z) Qᵀ (four products
+    # of d's size instead of eight)
     a = p.T @ d  # [k, cols]
     b = d @ q  # [rows, k]
     core = a @ q  # [k, k]
     idx = torch.arange(k)
     grid = inv[torch.minimum(idx[:, None], idx[None, :])]
-    out = p @ (core * grid) @ q.T
-    out += p @ (inv[:, None] * (a - core @ q.T))
-    out += ((b - p @ core) * inv[None, :]) @ q.T
-    out += inv_tail * (d - p @ a - b @ q.T + p @ core @ q.T)
+    extra = inv - inv_tail
+    x = extra[:, None] * a
+    z = core * grid - inv[:, None] * core - core * inv[None, :] + inv_tail * core
+    y = b * extra[None, :] + p @ z
+    out = d * inv_tail
+    out.addmm_(p, x)
+    out.addmm_(y, q.T)
     if len(shape) == 4:
         out = matrix_to_conv(out, shape[0], shape[1], shape[2])
     return out

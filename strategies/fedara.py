@@ -23,8 +23,9 @@ EXTRACTOR = "extractor."
 
 def relative_change(new: Arrays, old: Arrays, key: str) -> float:
     """‖new[key] − old[key]‖_F / ‖old[key]‖_F."""
-    before = old[key].astype(np.float64)
-    return float(np.linalg.norm(new[key] - before)) / max(float(np.linalg.norm(before)), 1e-30)
+    before = torch.from_numpy(old[key]).double()
+    change = torch.linalg.vector_norm(torch.from_numpy(new[key]).double() - before)
+    return float(change) / max(float(torch.linalg.vector_norm(before)), 1e-30)
 
 
 Tier = tuple[float, tuple[str, ...]]

@@ -412,16 +412,16 @@ def test_top_svd_of_a_rank_deficient_matrix_has_zero_tail() -> None:
     torch.testing.assert_close(p * s @ qt, w, rtol=1e-8, atol=1e-8)
 
 
-@pytest.mark.parametrize("chunk_rank", [1, 7, 4096])
-def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(chunk_rank: int) -> None:
-    """Mixed tiers of a conv + linear extractor, any chunking of the stacked
-    factors: the sample-weighted mean of the per-client reconstructions, and the
-    clients' states are left as they were."""
+@pytest.mark.parametrize("first_full", [True, False])
+def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(first_full: bool) -> None:
+    """Mixed tiers of a conv + linear extractor, a full-rank or a factorised state
+    first: the sample-weighted mean of the per-client reconstructions, in the full
+    extractor's key order, and the clients' states are left as they were."""
     extractor = _extractor("fedavgcnn")
     layers = factorisable_layers(extractor)
     gen = torch.Generator().manual_seed(11)
     states, weights = [], [3.0, 1.0, 5.0, 2.0]
-    for i, ratio in enumerate((1.0, 0.5, 0.125, 0.5)):
+    for i, ratio in enumerate((1.0, 0.5, 0.125, 0.5) if first_full else (0.5, 1.0, 0.125, 0.5)):
         noisy = {
             k: v + 0.01 * torch.randn(v.shape, generator=gen)
             for k, v in extractor.state_dict().items()
@@ -431,7 +431,7 @@ def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(chunk_r
             state = {k: v.double() for k, v in state.items()}  # any float dtype
         states.append(state)
     before = [{k: v.clone() for k, v in st.items()} for st in states]
-    got = weighted_reconstruction(states, weights, layers, chunk_rank=chunk_rank)
+    got = weighted_reconstruction(states, weights, layers)
     full = [reconstruct_state(st, layers) for st in states]
     assert list(got) == list(extractor.state_dict())
     for key, value in got.items():
