@@ -1,7 +1,8 @@
 """Accuracy benchmarks on Fashion-MNIST in the two regimes of the README.
 
 Every run is a real ``flwr run`` simulation (the same path as ``fedhet simulate``).
-Runs are resumable: a run whose ``results.json`` is complete is skipped.
+A run whose ``results.json`` is complete is skipped; an interrupted one (its checkpoint
+and its clients' personal models on disk) is resumed where it stopped.
 
     python benchmarks/accuracy.py --suite fedre            # FedRE / FedGH / FedProto
     python benchmarks/accuracy.py --suite all --dry-run    # list what would run
@@ -162,6 +163,12 @@ def complete(path: Path) -> bool:
         return False
 
 
+def resumable(path: Path) -> bool:
+    """An interrupted run that can continue where it stopped: a checkpoint, and the
+    clients' personal models (removed once a run completes)."""
+    return (path / "checkpoint.pt").exists() and (path / "clients").is_dir()
+
+
 def plan(
     suites: list[str],
     regimes: list[str],
@@ -210,7 +217,14 @@ def main() -> int:
             **REGIMES[regime]["config"],
             **spec.overrides,
         }
-        print(f"{time.strftime('%H:%M:%S')} {regime:9s} {spec.name:18s} seed {seed}", flush=True)
+        resumed = resumable(out)
+        if resumed:
+            overrides["resume"] = str(out.resolve())
+        print(
+            f"{time.strftime('%H:%M:%S')} {regime:9s} {spec.name:18s} seed {seed}"
+            + (" (resumed)" if resumed else ""),
+            flush=True,
+        )
         if args.dry_run:
             continue
         outcome = run_simulation(
@@ -223,6 +237,7 @@ def main() -> int:
         if not outcome.ok:
             failures += 1
             print(f"  FAILED: {outcome.status} (log: {outcome.log_path})", flush=True)
+            continue  # its checkpoint and personal models let the next call resume it
         # the clients' personal models (hundreds of MB per run) are not needed any more
         shutil.rmtree(out / "clients", ignore_errors=True)
     return 1 if failures else 0
