@@ -27,7 +27,9 @@ checked by a test, which names any symbol a future Flower moves.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import inspect
 import multiprocessing
 import os
 import sys
@@ -47,6 +49,9 @@ FLOWER_INTERNALS = (
     ("flwr.supernode.cli", "flwr_clientapp"),
     ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
     ("flwr.supernode.start_client_internal", "time"),
+    ("flwr.supernode.start_client_internal", "pull_objects"),
+    ("flwr.supernode.runtime.run_clientapp", "pull_and_inflate_object_from_tree"),
+    ("flwr.superlink.grid.http_grid", "pull_objects"),
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 this module uses or replaces."""
 
@@ -65,6 +70,12 @@ starts no thread."""
 
 TASK_POLL_S = "0.05"
 SUPERNODE_POLL_S = 0.05
+PULL_BACKOFF = {"initial_backoff": 0.05, "backoff_cap": 0.5, "max_tries_per_object": 10_000}
+"""Object pulls retry a missing object after 0.05 s, doubling to at most 0.5 s (Flower:
+1 s doubling to 10 s, 500 tries; 10,000 tries at 0.5 s keep its patience of about
+5,000 s). A SuperNode lists a task before it has pulled the message's objects from the
+SuperLink, so a ClientApp that starts at once often finds an object missing and, with
+Flower's backoff, waited 1 s or 1 + 2 s for it on every message."""
 
 
 def flower_internal(module: str, name: str) -> Any:
@@ -81,9 +92,29 @@ def flower_internal(module: str, name: str) -> Any:
 # --------------------------------------------------------------------- executor
 
 
+def fast_object_pulls(module_name: str, name: str) -> None:
+    """Replace ``module_name.name`` (Flower's ``pull_objects`` or
+    ``pull_and_inflate_object_from_tree``, as that module imported it) by the same
+    function with :data:`PULL_BACKOFF`; only that module's reference changes."""
+    module = importlib.import_module(module_name)
+    pull = flower_internal(module_name, name)
+    if isinstance(pull, functools.partial):
+        return  # already done in this process
+    try:
+        inspect.signature(pull).bind_partial(**PULL_BACKOFF)
+    except TypeError as exc:
+        raise RuntimeError(
+            f"fedhet needs flwr==1.42.0: {module_name}.{name} no longer takes "
+            f"{sorted(PULL_BACKOFF)} ({exc})"
+        ) from None
+    setattr(module, name, functools.partial(pull, **PULL_BACKOFF))
+
+
 def _clientapp_child(argv: list[str], quiet: bool) -> None:
-    """A forked child: Flower's own ``flwr-clientapp`` for one task."""
+    """A forked child: Flower's own ``flwr-clientapp`` for one task (its object pulls
+    with :data:`PULL_BACKOFF`)."""
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"  # its exit path would wait up to 4 s
+    fast_object_pulls("flwr.supernode.runtime.run_clientapp", "pull_and_inflate_object_from_tree")
     if quiet:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -226,10 +257,12 @@ class _CappedSleep(types.ModuleType):
 
 def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     """Flower's ``flower-supernode`` with its fixed waits (3 s idle pull, 0.5 s
-    reply waits) capped at ``poll`` seconds (same flags)."""
+    reply waits) capped at ``poll`` seconds and its object pulls with
+    :data:`PULL_BACKOFF` (same flags)."""
     module = importlib.import_module("flwr.supernode.start_client_internal")
     real = flower_internal("flwr.supernode.start_client_internal", "time")
     setattr(module, "time", _CappedSleep(real, poll))  # noqa: B010
+    fast_object_pulls("flwr.supernode.start_client_internal", "pull_objects")
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
 

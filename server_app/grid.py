@@ -4,7 +4,9 @@ Flower 1.42's HTTP grid (what a ServerApp gets in a deployment) polls for replie
 every 3 s inside ``send_and_receive``; the simulation's in-memory grid every 0.1 s.
 :class:`PollingGrid` wraps whichever grid the ServerApp receives and implements
 ``send_and_receive`` with the public ``push_messages`` / ``pull_messages`` at a short
-interval, so a deployment round does not wait up to 3 s per phase for nothing.
+interval, so a deployment round does not wait up to 3 s per phase for nothing. The
+reply objects it pulls are retried with the warm executor's short backoff
+(``cli.warm.PULL_BACKOFF``: 0.05 s doubling to 0.5 s, not Flower's 1 s doubling to 10 s).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from cli.warm import fast_object_pulls
+
 
 class PollingGrid(Grid):
     """``grid`` with ``send_and_receive`` polling every ``interval`` seconds; every
@@ -23,6 +27,7 @@ class PollingGrid(Grid):
 
     def __init__(self, grid: Grid, interval: float = 0.1) -> None:
         self._grid, self._interval = grid, interval
+        fast_object_pulls("flwr.superlink.grid.http_grid", "pull_objects")
 
     def set_run(self, run: Run) -> None:
         self._grid.set_run(run)

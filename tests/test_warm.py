@@ -132,3 +132,86 @@ print(base, after, len(new), new[:5])
     base, after, new, *names = out.stdout.split(maxsplit=3)
     assert after == base, f"PRELOAD started native threads: {base} -> {after}"
     assert new == "0", f"the first optimiser still imports {names}"
+
+
+PULLERS = [
+    ("flwr.supernode.start_client_internal", "pull_objects"),
+    ("flwr.supernode.runtime.run_clientapp", "pull_and_inflate_object_from_tree"),
+    ("flwr.superlink.grid.http_grid", "pull_objects"),
+]
+
+
+def _backoff_waits(monkeypatch: pytest.MonkeyPatch, pull_objects, missing: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """The waits ``pull_objects`` makes for one object that is missing ``missing``
+    times (no jitter, no real sleeping)."""
+    import threading
+    import types as pytypes
+
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    waits: list[float] = []
+
+    class Event(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            if timeout is None:
+                return super().wait()
+            waits.append(round(timeout, 6))
+            return False
+
+    monkeypatch.setattr(iu, "threading", pytypes.SimpleNamespace(Event=Event, Lock=threading.Lock))
+    monkeypatch.setattr(iu, "random", pytypes.SimpleNamespace(uniform=lambda a, b: 0.0))
+    tries = {"n": 0}
+
+    def pull(object_id: str) -> bytes:
+        tries["n"] += 1
+        if tries["n"] <= missing:
+            raise iu.ObjectUnavailableError(object_id)
+        return b"content"
+
+    assert pull_objects(["obj"], pull) == {"obj": b"content"}
+    return waits
+
+
+@pytest.mark.parametrize(("module", "name"), PULLERS)
+def test_object_pulls_retry_a_missing_object_after_a_short_wait(
+    monkeypatch: pytest.MonkeyPatch, module: str, name: str
+) -> None:
+    """A SuperNode lists a task before it has the message's objects, so the ClientApp
+    (and the SuperNode, and the ServerApp for replies) often pulls an object that is
+    not there yet. Flower retries after 1 s, 2 s, 4 s ...; fedhet's processes after
+    0.05 s doubling to 0.5 s."""
+    import importlib
+
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects
+
+    from cli.warm import PULL_BACKOFF, fast_object_pulls
+
+    assert _backoff_waits(monkeypatch, pull_objects, 6) == [1, 2, 4, 8, 10, 10]
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, name, getattr(mod, name))  # restored after the test
+    fast_object_pulls(module, name)
+    fast_object_pulls(module, name)  # idempotent
+    patched = getattr(mod, name)
+    assert patched.keywords == PULL_BACKOFF
+    fast = patched.func if name == "pull_objects" else pull_objects
+    assert _backoff_waits(monkeypatch, lambda ids, fn: fast(ids, fn, **PULL_BACKOFF), 6) == [
+        0.05,
+        0.1,
+        0.2,
+        0.4,
+        0.5,
+        0.5,
+    ]
+
+
+def test_a_puller_without_the_backoff_arguments_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types as pytypes
+
+    from cli.warm import fast_object_pulls
+
+    fake = pytypes.ModuleType("fake_flower_module")
+    fake.pull_objects = lambda object_ids, pull_object_fn: {}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_flower_module", fake)
+    with pytest.raises(RuntimeError, match=r"fake_flower_module\.pull_objects"):
+        fast_object_pulls("fake_flower_module", "pull_objects")
