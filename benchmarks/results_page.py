@@ -147,7 +147,7 @@ def current(run: Run, regime: str, name: str) -> bool:
 def archive() -> int:
     """Copy complete runs from ``benchmarks/out`` into ``docs/results/archive`` (committed).
 
-    Gzipped: Flower packs every ``.json`` under the app folder into each run's bundle.
+    Gzipped, to keep the repository small.
     """
     copied = 0
     for path in sorted(OUT.glob("*/*/seed*")):

@@ -215,3 +215,34 @@ def test_a_puller_without_the_backoff_arguments_is_named(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "fake_flower_module", fake)
     with pytest.raises(RuntimeError, match=r"fake_flower_module\.pull_objects"):
         fast_object_pulls("fake_flower_module", "pull_objects")
+
+
+def test_the_run_bundle_carries_the_app_packages_only() -> None:
+    """Every ClientApp task receives and installs the run's FAB: it holds the app's
+    packages (every module the components import), not the docs, benchmarks or tests."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {
+        ".info",
+        "pyproject.toml",
+        "cli",
+        "client_app",
+        "common",
+        "data",
+        "models",
+        "server_app",
+        "strategies",
+    }
+    packaged = {n for n in names if n.endswith(".py")}
+    on_disk = {
+        str(p.relative_to(ROOT))
+        for top in tops - {".info", "pyproject.toml"}
+        for p in (ROOT / top).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert packaged == on_disk
