@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from models.lowrank import top_svd
+
 
 def kl_from(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     """``KL(softmax(teacher) ‖ softmax(student))``, teacher detached, batch mean."""
@@ -60,7 +62,12 @@ def compress(update: Tensor, energy: float) -> tuple[Tensor, Tensor] | None:
     if update.dim() < 2:
         return None
     m = update.reshape(update.shape[0], -1).double()
-    u, s, vt = torch.linalg.svd(m, full_matrices=False)
+    try:
+        u, s, vt = torch.linalg.svd(m, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        # LAPACK's divide-and-conquer SVD can fail to converge on an ill-conditioned
+        # update (seen in a 30-round run); the Gram eigendecomposition does not
+        u, s, vt = top_svd(m, min(m.shape))
     r = energy_rank(s, energy)
     if r * (m.shape[0] + m.shape[1]) >= m.numel():
         return None

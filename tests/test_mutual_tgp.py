@@ -106,6 +106,25 @@ def test_compression_keeps_the_energy_share_and_falls_back_to_dense() -> None:
     assert compress(torch.randn(7, generator=g), 0.9) is None  # vectors go whole
 
 
+def test_compression_survives_an_svd_that_fails_to_converge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LAPACK's SVD failed on one client's ill-conditioned FedKD update in a 30-round
+    run (an error reply instead of an upload); the same factors come from the Gram
+    eigendecomposition then."""
+    g = torch.Generator().manual_seed(1)
+    update = torch.randn(30, 4, generator=g) @ torch.randn(4, 20, generator=g)  # rank 4
+    want_us, want_vt = compress(update, 0.9)
+
+    def fail(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise torch.linalg.LinAlgError("linalg.svd: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "svd", fail)
+    us, vt = compress(update, 0.9)
+    assert us.shape == want_us.shape and vt.shape == want_vt.shape
+    torch.testing.assert_close(us @ vt, want_us @ want_vt, rtol=1e-4, atol=1e-4)
+
+
 def test_fml_loss_is_both_objectives_with_the_two_kl_directions() -> None:
     local = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]], requires_grad=True)
     meme = torch.tensor([[0.5, 0.5, 0.0], [1.0, -1.0, 2.0]], requires_grad=True)
