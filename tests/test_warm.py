@@ -223,21 +223,15 @@ def test_the_run_bundle_carries_the_app_packages_only() -> None:
     import io
     import zipfile
 
+    import tomllib
     from flwr.cli.build import build_fab_from_disk
 
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {
-        ".info",
-        "pyproject.toml",
-        "cli",
-        "client_app",
-        "common",
-        "data",
-        "models",
-        "server_app",
-        "strategies",
-    }
+    assert tops == {".info", "pyproject.toml", *packages}
     packaged = {n for n in names if n.endswith(".py")}
     on_disk = {
         str(p.relative_to(ROOT))
