@@ -86,6 +86,14 @@ def fedara_cost_section() -> str:
     doc = load("fedara-cost.json")
     if not isinstance(doc, dict) or "epoch-ratio-to-full-rank" not in doc["tiers"][0]:
         return ""
+    server_at, tiers_at = doc.get("server-measured"), doc.get("tiers-measured")
+    measured = f", measured {server_at}" if server_at else ""
+    if tiers_at != server_at:  # fedara_cost.py --server-only kept older per-tier rows
+        measured += (
+            " (the per-tier rows below come from an earlier run of the full benchmark"
+            + (f", {tiers_at}" if tiers_at else "")
+            + "; `--server-only` re-times the server alone)"
+        )
     lines = [
         "#### FedARA costs",
         "",
@@ -93,16 +101,7 @@ def fedara_cost_section() -> str:
         "with the decompositions + aggregate_train with the default rule `coverage`: "
         "reconstruction, weighted mean, served residuals, per-direction normalisation), "
         "replies spread round-robin over the 5 default tiers "
-        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores"
-        + (f", measured {doc['server-measured']}" if "server-measured" in doc else "")
-        + (
-            " (the per-tier rows below come from an earlier run of the full benchmark"
-            + (f", {doc['tiers-measured']}" if "tiers-measured" in doc else "")
-            + "; `--server-only` re-times the server alone)"
-            if doc.get("tiers-measured") != doc.get("server-measured")
-            else ""
-        )
-        + ".",
+        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores" + measured + ".",
         "",
         "| client replies | server s / round | decompose (configure) s | aggregate s |",
         "|---|---|---|---|",

@@ -222,20 +222,16 @@ def weighted_reconstruction(
 def _in_order(
     acc: dict[str, Tensor], first: Mapping[str, Tensor], layers: Mapping[str, tuple[int, ...]]
 ) -> dict[str, Tensor]:
-    """``acc`` in the key order of the full-rank extractor state (``first``
-    reconstructed: factor keys replaced, at the position of a layer's first key, by
-    its weight and bias)."""
-    order: list[str] = []
-    for key in first:
-        layer = _layer_of(key, layers)
-        if layer is not None and lowrank_state_keys(layer, layers[layer])[0] in first:
-            for name in (f"{layer}.weight", f"{layer}.bias"):
-                if name in acc and name not in order:
-                    order.append(name)
-        elif key not in order:
-            order.append(key)
-    order += [k for k in acc if k not in order]
-    return {k: acc[k] for k in order}
+    """``acc`` in the key order of the full-rank extractor state (``first``'s order,
+    a factorised layer's keys replaced by its weight and bias, as
+    :func:`reconstruct_state` orders them)."""
+    convert = {
+        layer: {k: acc[k] for k in (f"{layer}.weight", f"{layer}.bias") if k in acc}
+        for layer, shape in layers.items()
+        if lowrank_state_keys(layer, shape)[0] in first
+    }
+    order = list(_convert_state(first, layers, convert))
+    return {k: acc[k] for k in order} | {k: v for k, v in acc.items() if k not in order}
 
 
 def served_residual(

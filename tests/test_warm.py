@@ -180,6 +180,7 @@ def test_object_pulls_retry_a_missing_object_after_a_short_wait(
     (and the SuperNode, and the ServerApp for replies) often pulls an object that is
     not there yet. Flower retries after 1 s, 2 s, 4 s ...; fedhet's processes after
     0.05 s doubling to 0.5 s."""
+    import functools
     import importlib
 
     from flwr.supercore.inflatable.inflatable_utils import pull_objects
@@ -193,8 +194,11 @@ def test_object_pulls_retry_a_missing_object_after_a_short_wait(
     fast_object_pulls(module, name)  # idempotent
     patched = getattr(mod, name)
     assert patched.keywords == PULL_BACKOFF
-    fast = patched.func if name == "pull_objects" else pull_objects
-    assert _backoff_waits(monkeypatch, lambda ids, fn: fast(ids, fn, **PULL_BACKOFF), 6) == [
+    # the patched function itself where it is ``pull_objects``; the one that
+    # ``pull_and_inflate_object_from_tree`` hands its keywords to otherwise
+    keywords = patched.keywords
+    pull = patched if name == "pull_objects" else functools.partial(pull_objects, **keywords)
+    assert _backoff_waits(monkeypatch, pull, 6) == [
         0.05,
         0.1,
         0.2,
