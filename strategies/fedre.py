@@ -52,4 +52,14 @@ class FedRE(HeteroStrategy):
             self.global_arrays, x, y, self.cfg.fedre, self.cfg.seed, server_round
         )
         self.diagnostics = head_diagnostics(self.global_arrays, head, before, after)
+        # the floor of the soft-label loss: CE(w, q) = H(w) + KL(w || q) >= H(w)
+        self.diagnostics["label-entropy"] = label_entropy(y)
         return head
+
+
+def label_entropy(soft_labels: np.ndarray) -> float:
+    """Mean entropy (nats) of the received soft labels: the lowest soft-label
+    cross-entropy any head can reach on them (0 for one-hot labels)."""
+    w = soft_labels.astype(np.float64)
+    logw = np.log(np.where(w > 0, w, 1.0))
+    return float(-(w * logw).sum(axis=1).mean())

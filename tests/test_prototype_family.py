@@ -146,6 +146,17 @@ def test_server_step_lowers_the_soft_label_loss_on_received_pairs() -> None:
         np.concatenate([(after[k] - before[k]).ravel() for k in ("head.weight", "head.bias")])
     ) / np.linalg.norm(np.concatenate([before[k].ravel() for k in ("head.weight", "head.bias")]))
     assert diag["head-change"] == pytest.approx(change, rel=1e-5)
+    ent = -(y.double() * torch.log(y.double())).sum(1).mean()
+    assert diag["label-entropy"] == pytest.approx(float(ent), rel=1e-9)
+    assert diag["server-loss-after"] >= diag["label-entropy"]
+
+
+def test_label_entropy_closed_forms() -> None:
+    from strategies.fedre import label_entropy
+
+    assert label_entropy(np.eye(10)) == 0.0
+    assert label_entropy(np.full((3, 10), 0.1)) == pytest.approx(np.log(10), rel=1e-12)
+    assert label_entropy(np.array([[0.5, 0.5, 0.0]])) == pytest.approx(np.log(2), rel=1e-12)
 
 
 @pytest.mark.parametrize("poison", ["nan", "shape", "not-a-distribution", "extra-key"])
