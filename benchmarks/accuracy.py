@@ -87,6 +87,7 @@ FEDRE_VARIANTS: dict[str, dict[str, Scalar]] = {
     "vap": {"fedre__mix": "vap"},
     "rsr": {"fedre__mix": "rsr"},
     "reps5": {"fedre__reps_per_client": 5},
+    "reps10": {"fedre__reps_per_client": 10},
     "reps10-e100-b10": {
         "fedre__reps_per_client": 10,
         "fedre__server_epochs": 100,
