@@ -10,7 +10,8 @@ vector clipped to L2 norm ``CLIP`` with Gaussian noise σ = z·``CLIP``, z in {0
 (``privacy.clip`` / ``privacy.noise``); accuracy against the reconstructions' PSNR.
 
     python benchmarks/privacy.py --out benchmarks/out/privacy.json
-    python benchmarks/privacy.py --rows none,z1 --seeds 0   # a subset (runs are kept)
+    python benchmarks/privacy.py --rows none,z1 --seeds 0   # a subset (runs are kept;
+                                                            # other rows stay in --out)
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ def main() -> None:
             },
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists():  # rows not asked for this time keep what they had
+        earlier = json.loads(args.out.read_text())
+        if earlier.get("clip") == CLIP and earlier.get("clients") == CLIENTS:
+            result = {**{k: v for k, v in earlier["rows"].items() if k in ROWS}, **result}
+            result = {k: result[k] for k in ROWS if k in result}
     args.out.write_text(json.dumps({"clip": CLIP, "clients": CLIENTS, "rows": result}, indent=1))
 
 
