@@ -122,8 +122,8 @@ def main() -> None:
     if args.out.exists():  # rows not asked for this time keep what they had
         earlier = json.loads(args.out.read_text())
         if earlier.get("clip") == CLIP and earlier.get("clients") == CLIENTS:
-            result = {**{k: v for k, v in earlier["rows"].items() if k in ROWS}, **result}
-            result = {k: result[k] for k in ROWS if k in result}
+            rows = {**earlier["rows"], **result}
+            result = {k: rows[k] for k in ROWS if k in rows}
     args.out.write_text(json.dumps({"clip": CLIP, "clients": CLIENTS, "rows": result}, indent=1))
 
 
