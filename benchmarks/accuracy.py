@@ -100,6 +100,7 @@ FEDLORA_VARIANTS: dict[str, dict[str, Scalar]] = {
     "head-lr0.1": {"fedlora__lr": 0.1},
     "rank2": {"fedlora__rank": 2},
     "rank32": {"fedlora__rank": 32},
+    "alpha32": {"fedlora__alpha": 32.0},
 }
 SUITES: dict[str, list[Spec]] = {
     "fedre": [
