@@ -120,6 +120,7 @@ ADDED = {
     "fedre.server-loss": "mean",
     "fedre.reps-per-client": 1,
     "fedlora.lr": 0.0,
+    "fedara.server-lr": 1.0,
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

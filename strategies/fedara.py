@@ -163,6 +163,12 @@ class FedARA(HeteroStrategy):
             self._add_served_residuals(mean, uploads)
         if self.cfg.fedara.aggregation == "coverage":
             self._normalise_by_coverage(mean, uploads)
+        eta = self.cfg.fedara.server_lr
+        if eta != 1.0:
+            full = self._extractor()
+            for key, value in mean.items():
+                before = full[key].double()
+                mean[key] = before + eta * (value.double() - before)
         # a new global state: decompose again on demand
         self._served, self._svds, self._gains = {}, {}, {}
         self.version += 1

@@ -232,6 +232,30 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
     assert moved["reconstructnone"] > 0.3  # a fresh fc1 loses most of its energy
 
 
+@pytest.mark.parametrize("rule", ["delta", "coverage", "reconstruct"])
+def test_server_lr_scales_the_aggregated_step(rule: str) -> None:
+    """``fedara.server-lr`` η: the new global is ``W + η (mean − W)``, with the mean of
+    two full-rank replies computed here in numpy (sample weights 30 and 10)."""
+    eta = 2.5
+    s = fedara([1.0, 1.0], **{"fedara.aggregation": rule, "fedara.server-lr": eta})
+    old = {k: v.copy() for k, v in s.global_arrays.items()}
+    sized(s, {100: 30, 101: 10})
+    rng = np.random.default_rng(0)
+    ups = {}
+    for nid in (100, 101):
+        ups[nid] = {
+            k: (v + rng.normal(0, 0.01, v.shape)).astype(np.float32)
+            for k, v in s.payload(1, s.nodes[nid]).items()
+        }
+    got, _ = s.aggregate_train(1, [reply(n, ups[n], w) for n, w in ((100, 30), (101, 10))])
+    got = to_numpy(got)
+    for k in old:
+        mean = 0.75 * ups[100][k].astype(np.float64) + 0.25 * ups[101][k].astype(np.float64)
+        want = old[k] + eta * (mean - old[k])
+        np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got[k], mean, atol=1e-4)  # the step really is scaled
+
+
 @pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
 def test_poisoned_reply_is_ignored(poison: str) -> None:
     s = fedara([0.5, 0.25])
