@@ -1,7 +1,9 @@
 """Accuracy benchmarks on Fashion-MNIST in the two regimes of the README.
 
 Every run is a real ``flwr run`` simulation (the same path as ``fedhet simulate``).
-A run whose ``results.json`` is complete is skipped; an interrupted one (its checkpoint
+A run whose ``results.json`` is complete, or whose archived copy under
+``docs/results/archive`` was made with the row's current settings, is skipped
+(``--rerun`` runs it again); an interrupted one (its checkpoint
 and its clients' personal models on disk) is resumed where it stopped.
 
     python benchmarks/accuracy.py --suite fedre            # FedRE / FedGH / FedProto
@@ -93,6 +95,12 @@ FEDRE_VARIANTS: dict[str, dict[str, Scalar]] = {
         "fedre__server_epochs": 100,
         "fedre__server_batch_size": 10,
     },
+    "reps10-e100-b10-rsr": {
+        "fedre__reps_per_client": 10,
+        "fedre__server_epochs": 100,
+        "fedre__server_batch_size": 10,
+        "fedre__mix": "rsr",
+    },
 }
 FEDLORA_VARIANTS: dict[str, dict[str, Scalar]] = {
     "rep": {"fedlora__targets": "rep"},
@@ -141,6 +149,10 @@ SUITES: dict[str, list[Spec]] = {
         *(
             variant(f"fedara-lambda{lam:g}", "fedara", fedara__lambda=lam)
             for lam in (0.0, 0.5, 10.0)
+        ),
+        *(
+            variant(f"fedara-slr{eta:g}", "fedara", fedara__server_lr=eta)
+            for eta in (2.0, 3.0)
         ),
         # the same without low-rank tiers: what the factorisation itself costs
         variant("fedara-tiers1", "fedara", fedara__rank_tiers="1"),
@@ -207,7 +219,13 @@ def main() -> int:
     ap.add_argument("--seeds", default="", help="comma list of seeds (default: the regime's)")
     ap.add_argument("--out", type=Path, default=OUT, help="where runs are written")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument(
+        "--rerun", action="store_true", help="run rows whose current run is already archived"
+    )
     args = ap.parse_args()
+    from benchmarks.results_page import entries  # imports this module
+
+
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     regimes = list(REGIMES) if args.regime == "all" else [args.regime]
     only = [n for n in args.only.split(",") if n] or None
@@ -217,6 +235,8 @@ def main() -> int:
         out = run_dir(regime, spec.name, seed, args.out)
         if complete(out):
             continue
+        if not args.rerun and any(e.seed == seed for e in entries(regime, spec.name)):
+            continue  # archived, with the settings the row has now
         overrides: dict[str, Scalar] = {
             "num-server-rounds": ROUNDS,
             "seed": seed,

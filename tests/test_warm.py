@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -244,3 +245,113 @@ def test_the_run_bundle_carries_the_app_packages_only() -> None:
         if "__pycache__" not in p.parts
     }
     assert packaged == on_disk
+
+
+# ------------------------------------------------------------------ idle pacing
+
+
+def test_flower_waits_that_the_pacing_tells_apart() -> None:
+    """The pacing tells Flower's idle pull (3 s) from its waits inside a task (0.5 s)
+    by the length Flower asks for, and caps the SuperExec's idle poll at Flower's
+    default interval: if flwr changes any of them, this fails."""
+    import inspect
+
+    from flwr.supercore.superexec import run_superexec
+    from flwr.supernode import start_client_internal
+
+    from cli.warm import FLOWER_IDLE_PULL_S, FLOWER_TASK_POLL_S
+
+    source = inspect.getsource(start_client_internal)
+    waits = sorted(set(re.findall(r"time\.sleep\(([0-9.]+)\)", source)), key=float)
+    assert [float(w) for w in waits] == [0.5, FLOWER_IDLE_PULL_S]
+    assert run_superexec._DEFAULT_TASK_POLL_INTERVAL_SECONDS == FLOWER_TASK_POLL_S
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now, self.slept = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_supernode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
+    import types as pytypes
+
+    from cli.warm import IDLE_GROWTH, PacedSleep
+
+    clock = _Clock()
+    real = pytypes.ModuleType("time")
+    real.monotonic, real.sleep = clock.monotonic, clock.sleep  # type: ignore[attr-defined]
+    paced = PacedSleep(real, poll=0.05)
+    paced.sleep(0.5)  # inside a task: capped, and the node is active
+    assert clock.slept == [0.05]
+    paced.sleep(3)  # the first idle pull after it: about the base poll
+    assert clock.slept[-1] == pytest.approx(0.05 + IDLE_GROWTH * 0.05)
+    clock.now += 10.0  # ten idle seconds
+    paced.sleep(3)
+    assert clock.slept[-1] == pytest.approx(0.05 + IDLE_GROWTH * 10.1, abs=1e-3)
+    clock.now += 3600.0  # idle for an hour: Flower's own 3 s, never more
+    paced.sleep(3)
+    assert clock.slept[-1] == 3
+    paced.sleep(0.5)  # a new task: fast again
+    paced.sleep(3)
+    assert clock.slept[-2:] == [0.05, pytest.approx(0.05 + IDLE_GROWTH * 0.05)]
+
+
+def _pace_only_executor():  # type: ignore[no-untyped-def]
+    """A WarmExecutor without its fork server (``pace`` needs only its children)."""
+    import time as pytime
+
+    from cli.warm import WarmExecutor
+
+    ex = object.__new__(WarmExecutor)
+    ex._children, ex._last_active = [], pytime.monotonic()
+    return ex
+
+
+def test_superexec_waits_on_a_running_task_instead_of_polling() -> None:
+    """While a task's child runs, ``pace`` returns when the child ends (not after
+    Flower's 1 s poll), and at the latest after that poll interval."""
+    import multiprocessing
+    import time as pytime
+
+    ctx = multiprocessing.get_context("fork")
+    ex = _pace_only_executor()
+    child = ctx.Process(target=pytime.sleep, args=(0.3,))
+    child.start()
+    ex._children = [(1, child)]
+    t0 = pytime.monotonic()
+    ex.pace()
+    assert 0.25 < pytime.monotonic() - t0 < 0.9  # woke when the child ended
+    child.join()
+    stuck = ctx.Process(target=pytime.sleep, args=(30,))
+    stuck.start()
+    ex._children = [(2, stuck)]
+    t0 = pytime.monotonic()
+    ex.pace()
+    assert 0.9 < pytime.monotonic() - t0 < 2.5  # a long task: Flower's interval
+    stuck.kill()
+    stuck.join()
+
+
+def test_superexec_idle_poll_grows_to_flowers_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.warm as warm
+
+    clock = _Clock()
+    monkeypatch.setattr(warm.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(warm.time, "sleep", clock.sleep)
+    ex = _pace_only_executor()
+    ex._last_active = clock.now
+    ex.pace()  # right after a task: no extra wait beyond the loop's own 0.05 s
+    assert clock.slept == []
+    clock.now += 10.0
+    ex.pace()
+    assert clock.slept == [pytest.approx(warm.IDLE_GROWTH * 10.0)]
+    clock.now += 3600.0
+    ex.pace()
+    assert clock.slept[-1] == warm.FLOWER_TASK_POLL_S
