@@ -152,7 +152,7 @@ SUITES: dict[str, list[Spec]] = {
         ),
         *(
             variant(f"fedara-slr{eta:g}", "fedara", fedara__server_lr=eta)
-            for eta in (2.0, 3.0)
+            for eta in (2.0, 3.0, 5.0)
         ),
         # the same without low-rank tiers: what the factorisation itself costs
         variant("fedara-tiers1", "fedara", fedara__rank_tiers="1"),

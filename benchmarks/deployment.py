@@ -2,7 +2,9 @@
 process per message) and deployment warm (``fedhet superexec`` + short polling).
 
 Same small workload in all three: fedre, 3 nodes, Fashion-MNIST ``data.fraction=0.05``,
-Dirichlet 0.1, 4 rounds, TLS + node auth in both deployments. Then where a cold
+Dirichlet 0.1, 6 rounds, TLS + node auth in both deployments; and what each idle
+deployment burns in polling (CPU of the SuperLink, SuperNodes and executors over 20 s,
+once every node is online). Then where a cold
 message's time goes (Python start-up, imports, data share, model; fresh processes,
 medians), what the warm executor pays instead (the warm parent once; a fork per
 message), and the resident memory of a cold ClientApp process against the warm
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,15 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cli.federation import Federation  # noqa: E402
-from cli.launch import run_simulation  # noqa: E402
+from cli.launch import descendants, run_simulation  # noqa: E402
 
 NODES = 3
+ROUNDS = 6
+IDLE_S = 20.0
 
 
 def overrides(out: Path, cache: Path) -> dict:
     return {
         "algorithm": "fedre",
-        "num-server-rounds": 4,
+        "num-server-rounds": ROUNDS,
         "data.fraction": 0.05,
         "data.alpha": 0.1,
         "out-dir": str(out),
@@ -185,14 +191,101 @@ def probe(code: str, cache: Path) -> dict:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def deployment(tmpd: Path, cache: Path, warm: bool) -> list[float]:
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def idle_cpu(fed: Federation) -> float:
+    """Share of one core the idle federation's processes use (polling), over IDLE_S."""
+    time.sleep(5)  # the SuperNodes' start-up
+    pids = [p for proc in fed.procs.procs.values() for p in (proc.pid, *descendants(proc.pid))]
+    before = cpu_seconds(pids)
+    time.sleep(IDLE_S)
+    return (cpu_seconds(pids) - before) / IDLE_S
+
+
+def process_tree(pid: int) -> list[tuple[int, int]]:
+    """(depth, pid) of ``pid`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [(0, pid)]
+    while todo:
+        depth, p = todo.pop()
+        out.append((depth, p))
+        todo += [(depth + 1, c) for c in children.get(p, [])]
+    return out
+
+
+class CpuByRole(threading.Thread):
+    """CPU seconds of a federation's processes by role while it runs, sampled every
+    0.2 s (a process that lives shorter than that is missed): the SuperLink with the
+    ServerApp it starts; the SuperNodes; the executors (the warm executor and its
+    fork server, or the SuperExec a stock SuperNode starts); the ClientApp tasks
+    (the processes below those)."""
+
+    def __init__(self, fed: Federation) -> None:
+        super().__init__(daemon=True)
+        self.fed, self.stop = fed, threading.Event()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+
+    @staticmethod
+    def role(root: str, depth: int) -> str:
+        if root == "superlink":
+            return "superlink+serverapp"
+        if depth == 0:
+            return "executor" if root.startswith("superexec") else "supernode"
+        return "executor" if depth == 1 else "tasks"
+
+    def sample(self) -> None:
+        for root, proc in list(self.fed.procs.procs.items()):
+            for depth, pid in process_tree(proc.pid):
+                used = cpu_seconds([pid])
+                # a process started during the run counts from 0
+                self.first.setdefault(pid, used if not self.is_alive() else 0.0)
+                self.last[pid] = (self.role(root, depth), used)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.sample()
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, (role, used) in self.last.items():
+            out[role] = out.get(role, 0.0) + used - self.first[pid]
+        return out
+
+
+def deployment(tmpd: Path, cache: Path, warm: bool) -> tuple[list[float], float, dict]:
     configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
     name = "warm" if warm else "cold"
     with Federation(tmpd / f"fed-{name}", configs, ROOT, secure=True, warm=warm) as fed:
+        meter = CpuByRole(fed)
+        meter.sample()
+        meter.start()
         outcome = fed.run(overrides(tmpd / name, cache), timeout=1800)
+        meter.stop.set()
+        meter.join()
+        idle = idle_cpu(fed)  # after the run: every node has been through a run's rounds
     if not outcome.ok:
         raise SystemExit(f"deployment {name}: {outcome.status} ({outcome.log_path})")
-    return round_times(tmpd / name)
+    per_round = {k: v / ROUNDS for k, v in sorted(meter.totals().items())}
+    return round_times(tmpd / name), idle, per_round
 
 
 def main() -> None:
@@ -224,15 +317,19 @@ def main() -> None:
         )
         if not sim.ok:
             raise SystemExit(f"simulation: {sim.status} ({sim.log_path})")
+        warm, warm_idle, warm_cpu = deployment(tmpd, cache, warm=True)
+        cold, cold_idle, cold_cpu = deployment(tmpd, cache, warm=False)
         times = {
             "simulation": round_times(tmpd / "sim"),
-            "deployment-warm": deployment(tmpd, cache, warm=True),
-            "deployment-cold": deployment(tmpd, cache, warm=False),
+            "deployment-warm": warm,
+            "deployment-cold": cold,
         }
         result: dict[str, Any] = {
-            "workload": "fedre, 3 nodes, fashion-mnist data.fraction=0.05, dirichlet 0.1, "
-            "4 rounds; deployments with TLS + node auth",
+            "workload": f"fedre, {NODES} nodes, fashion-mnist data.fraction=0.05, dirichlet "
+            f"0.1, {ROUNDS} rounds; deployments with TLS + node auth",
             "round-time-s": times,
+            "idle-cpu-cores": {"deployment-warm": warm_idle, "deployment-cold": cold_idle},
+            "cpu-s-per-round": {"deployment-warm": warm_cpu, "deployment-cold": cold_cpu},
             "median-excluding-round-1": {k: statistics.median(v[1:]) for k, v in times.items()},
             "per-process": startup_breakdown(cache),
             "warm": probe(WARM_PROBE, cache),
