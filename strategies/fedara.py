@@ -158,6 +158,7 @@ class FedARA(HeteroStrategy):
             {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
         ]
         self.diagnostics = self.spectrum_diagnostics()
+        self.diagnostics["update-coherence"] = update_coherence(self._extractor(), states, weights)
         mean = weighted_reconstruction(states, weights, self.layer_shapes, product_scales=scales)
         if self.cfg.fedara.aggregation in ("delta", "coverage"):
             self._add_served_residuals(mean, uploads)
@@ -244,3 +245,27 @@ class FedARA(HeteroStrategy):
             gains = self.gains(tier)
             for key, residual in served_residual(full, served, self.layer_shapes, gains).items():
                 mean[key] += share * residual
+
+
+def update_coherence(
+    old: dict[str, torch.Tensor], states: list[dict[str, torch.Tensor]], weights: list[float]
+) -> float | None:
+    """‖Σ_k w_k Δ_k‖ / Σ_k w_k ‖Δ_k‖ over the tensors every reply sends in full (the
+    layers no tier factorises, and the biases), w_k the sample shares, Δ_k a reply's
+    change to the global: 1 when every client moves the same way, about 1/√K for K
+    unrelated moves. The weighted mean update is this share of a client's own step,
+    which ``fedara.server-lr`` scales back up."""
+    keys = [
+        k
+        for k, v in old.items()
+        if all(k in state and tuple(state[k].shape) == tuple(v.shape) for state in states)
+    ]
+    total = sum(weights)
+    if not keys or total <= 0:
+        return None
+    mean, spread = None, 0.0
+    for state, w in zip(states, weights):
+        delta = torch.cat([(state[k].double() - old[k].double()).flatten() for k in keys])
+        spread += w / total * float(delta.norm())
+        mean = delta * (w / total) if mean is None else mean + delta * (w / total)
+    return float(mean.norm()) / spread if mean is not None and spread > 0 else None

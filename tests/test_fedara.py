@@ -17,7 +17,7 @@ from common.config import parse_run_config
 from common.records import to_numpy
 from models import build_model
 from models.lowrank import factorisable_layers, layer_rank, param_count
-from strategies.fedara import FedARA
+from strategies.fedara import FedARA, update_coherence
 from tests.replies import node, reply, sized, strategy
 from tests.support import client_context, run_inprocess
 
@@ -254,6 +254,47 @@ def test_server_lr_scales_the_aggregated_step(rule: str) -> None:
         want = old[k] + eta * (mean - old[k])
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
         assert not np.allclose(got[k], mean, atol=1e-4)  # the step really is scaled
+
+
+def test_update_coherence_against_its_closed_form() -> None:
+    """``server-diagnostics.update-coherence``: ‖Σ w Δ‖ / Σ w ‖Δ‖ over the tensors
+    every reply sends in full, computed here in numpy (weights 30 and 10); a
+    factorised reply's factors are left out, the full tensors it sends are not."""
+    s = fedara([1.0, 0.25])
+    sized(s, {100: 30, 101: 10})
+    rng = np.random.default_rng(1)
+    ups, deltas = {}, {}
+    for nid in (100, 101):
+        served = s.payload(1, s.nodes[nid])
+        ups[nid] = {
+            k: (v + rng.normal(0, 0.01, v.shape)).astype(np.float32) for k, v in served.items()
+        }
+    full_keys = [
+        k
+        for k in s.global_arrays
+        if k in ups[101] and ups[101][k].shape == s.global_arrays[k].shape
+    ]
+    assert full_keys and len(full_keys) < len(s.global_arrays)  # the factorised layers drop out
+    for nid in (100, 101):
+        deltas[nid] = np.concatenate(
+            [(ups[nid][k].astype(np.float64) - s.global_arrays[k]).ravel() for k in full_keys]
+        )
+    want = np.linalg.norm(0.75 * deltas[100] + 0.25 * deltas[101]) / (
+        0.75 * np.linalg.norm(deltas[100]) + 0.25 * np.linalg.norm(deltas[101])
+    )
+    s.aggregate_train(1, [reply(n, ups[n], w) for n, w in ((100, 30), (101, 10))])
+    assert s.diagnostics["update-coherence"] == pytest.approx(want, rel=1e-6)
+    assert 0.5 < want < 0.9  # two unrelated moves of these sizes: well below 1
+
+
+def test_update_coherence_bounds() -> None:
+    """Identical moves give 1, equal and opposite ones 0."""
+    old = {"w": torch.zeros(3), "b": torch.zeros(2)}
+    step = {"w": torch.tensor([1.0, -2.0, 0.5]), "b": torch.tensor([0.3, 0.0])}
+    back = {k: -v for k, v in step.items()}
+    assert update_coherence(old, [step, step], [2.0, 5.0]) == pytest.approx(1.0)
+    assert update_coherence(old, [step, back], [1.0, 1.0]) == pytest.approx(0.0, abs=1e-12)
+    assert update_coherence(old, [{"x": torch.zeros(1)}], [1.0]) is None  # nothing in full
 
 
 @pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
