@@ -271,10 +271,14 @@ class CpuByRole(threading.Thread):
         return out
 
 
-def deployment(tmpd: Path, cache: Path, warm: bool) -> tuple[list[float], float, dict]:
+def deployment(
+    tmpd: Path, cache: Path, warm: bool, durable: bool = True
+) -> tuple[list[float], float, dict]:
     configs = [{"partition-id": i, "num-partitions": NODES} for i in range(NODES)]
-    name = "warm" if warm else "cold"
-    with Federation(tmpd / f"fed-{name}", configs, ROOT, secure=True, warm=warm) as fed:
+    name = ("warm" if warm else "cold") + ("" if durable else "-memory")
+    with Federation(
+        tmpd / f"fed-{name}", configs, ROOT, secure=True, warm=warm, durable=durable
+    ) as fed:
         meter = CpuByRole(fed)
         meter.sample()
         meter.start()
@@ -318,18 +322,28 @@ def main() -> None:
         if not sim.ok:
             raise SystemExit(f"simulation: {sim.status} ({sim.log_path})")
         warm, warm_idle, warm_cpu = deployment(tmpd, cache, warm=True)
+        mem, mem_idle, mem_cpu = deployment(tmpd, cache, warm=True, durable=False)
         cold, cold_idle, cold_cpu = deployment(tmpd, cache, warm=False)
         times = {
             "simulation": round_times(tmpd / "sim"),
             "deployment-warm": warm,
+            "deployment-warm-memory-state": mem,
             "deployment-cold": cold,
         }
         result: dict[str, Any] = {
             "workload": f"fedre, {NODES} nodes, fashion-mnist data.fraction=0.05, dirichlet "
             f"0.1, {ROUNDS} rounds; deployments with TLS + node auth",
             "round-time-s": times,
-            "idle-cpu-cores": {"deployment-warm": warm_idle, "deployment-cold": cold_idle},
-            "cpu-s-per-round": {"deployment-warm": warm_cpu, "deployment-cold": cold_cpu},
+            "idle-cpu-cores": {
+                "deployment-warm": warm_idle,
+                "deployment-warm-memory-state": mem_idle,
+                "deployment-cold": cold_idle,
+            },
+            "cpu-s-per-round": {
+                "deployment-warm": warm_cpu,
+                "deployment-warm-memory-state": mem_cpu,
+                "deployment-cold": cold_cpu,
+            },
             "median-excluding-round-1": {k: statistics.median(v[1:]) for k, v in times.items()},
             "per-process": startup_breakdown(cache),
             "warm": probe(WARM_PROBE, cache),
@@ -337,6 +351,9 @@ def main() -> None:
         }
     med = result["median-excluding-round-1"]
     result["ratio-warm-over-simulation"] = med["deployment-warm"] / med["simulation"]
+    result["ratio-warm-memory-state-over-simulation"] = (
+        med["deployment-warm-memory-state"] / med["simulation"]
+    )
     result["ratio-cold-over-simulation"] = med["deployment-cold"] / med["simulation"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -161,6 +161,31 @@ def small(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def cpu_rows(doc: dict) -> list[str]:
+    cpu = doc.get("cpu-s-per-round")
+    if not cpu:
+        return []
+    roles = ["superlink+serverapp", "supernode", "executor", "tasks"]
+    names = {
+        "deployment-warm": "warm",
+        "deployment-warm-memory-state": "warm, memory state",
+        "deployment-cold": "cold",
+    }
+    rows = [
+        "CPU seconds per round by role (all processes of the federation, sampled every "
+        "0.2 s; the simulation's whole round is the wall time above on 2 cores):",
+        "",
+        "| mode | SuperLink + ServerApp | SuperNodes | executors | ClientApp tasks |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, name in names.items():
+        if mode in cpu:
+            rows.append(
+                f"| {name} | " + " | ".join(f"{cpu[mode].get(r, 0.0):.2f}" for r in roles) + " |"
+            )
+    return [*rows, ""]
+
+
 def idle_rows(doc: dict) -> list[str]:
     idle = doc.get("idle-cpu-cores")
     if not idle:
@@ -197,9 +222,20 @@ def deployment_section() -> str:
             f"| simulation (Ray actors stay alive) | {med['simulation']:.2f} | 1.0 |",
             f"| deployment, warm (`fedhet superexec` + `fedhet supernode`, the default) | "
             f"{med['deployment-warm']:.2f} | **{doc['ratio-warm-over-simulation']:.2f}** |",
+            *(
+                [
+                    "| deployment, warm, the SuperLink's state in memory "
+                    "(`fedhet federation --memory-state`) | "
+                    f"{med['deployment-warm-memory-state']:.2f} | "
+                    f"{doc['ratio-warm-memory-state-over-simulation']:.2f} |"
+                ]
+                if "deployment-warm-memory-state" in med
+                else []
+            ),
             f"| deployment, cold (Flower's stock executor, `fedhet federation --cold`) | "
             f"{med['deployment-cold']:.2f} | {doc['ratio-cold-over-simulation']:.2f} |",
             "",
+            *cpu_rows(doc),
             "Where a cold message's time goes (fresh processes, medians): Python start-up "
             f"{pp['python-start-s'] * 1000:.0f} ms, imports of the ClientApp "
             f"{pp['import-client-app-s']:.2f} s (torch {pp['import-torch-s']:.2f} s, flwr "

@@ -127,6 +127,10 @@ class Federation:
     secure: bool = True
     warm: bool = True
     """Warm executor (``fedhet superexec``) per node; False: Flower's stock one."""
+    durable: bool = True
+    """The SuperLink's state in ``<workdir>/superlink.db`` (a killed SuperLink is
+    restarted knowing its nodes and runs); False: Flower's in-memory state (faster
+    per request, lost with the process)."""
     echo: Callable[[str], None] | None = None
     port: int = field(default_factory=free_port)
     node_ports: list[int] = field(default_factory=list)
@@ -198,7 +202,7 @@ class Federation:
             host="127.0.0.1",
             port=self.port,
             certs=self.certs,
-            database=self.workdir / "superlink.db",
+            database=self.workdir / "superlink.db" if self.durable else None,
         )
         proc = self.procs.start("superlink", cmd)
         scheme = "https" if self.certs else "http"

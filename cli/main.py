@@ -245,6 +245,14 @@ def federation(
             "(default: the warm executor, `fedhet superexec`)."
         ),
     ] = False,
+    memory_state: Annotated[
+        bool,
+        typer.Option(
+            help="The SuperLink keeps its state in memory (Flower's default; faster per "
+            "request) instead of <workdir>/superlink.db (a restarted SuperLink knows its "
+            "nodes and runs)."
+        ),
+    ] = False,
     resume: ResumeOpt = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
@@ -272,7 +280,13 @@ def federation(
             typer.echo(line)
 
     with Federation(
-        work, node_configs, APP_DIR, secure=not insecure, warm=not cold, echo=typer.echo
+        work,
+        node_configs,
+        APP_DIR,
+        secure=not insecure,
+        warm=not cold,
+        durable=not memory_state,
+        echo=typer.echo,
     ) as fed:
         outcome = fed.run(overrides, echo=echo)
     typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")

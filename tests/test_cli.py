@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from cryptography import x509
 from typer.testing import CliRunner
 
@@ -126,3 +127,25 @@ def test_connections_are_added_replaced_and_removed(tmp_path: Path) -> None:
     remove_connection(tmp_path, "a")
     doc = tomllib.loads((tmp_path / "config.toml").read_text())["superlink"]
     assert "a" not in doc and "b" in doc
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_federation_superlink_state_file_or_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """``fedhet federation`` keeps the SuperLink's state in <workdir>/superlink.db;
+    ``--memory-state`` leaves it to Flower's in-memory state (no --database)."""
+    import cli.federation as fedmod
+
+    started: list[list[str]] = []
+    fed = fedmod.Federation(
+        tmp_path, [{"partition-id": 0}], tmp_path, secure=False, durable=durable
+    )
+    monkeypatch.setattr(fed.procs, "start", lambda name, cmd, cwd=None: started.append(cmd))
+    monkeypatch.setattr(fedmod, "wait_http", lambda *a, **k: None)
+    fed.start_superlink()
+    (cmd,) = started
+    if durable:
+        assert cmd[cmd.index("--database") + 1] == str(tmp_path / "superlink.db")
+    else:
+        assert "--database" not in cmd
