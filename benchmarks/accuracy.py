@@ -128,6 +128,15 @@ SUITES: dict[str, list[Spec]] = {
     "fedara": [
         Spec("fedara", {"algorithm": "fedara"}),
         Spec("fedara-delta", {"algorithm": "fedara", "fedara.aggregation": "delta"}),
+        # the rules at the paper's server step (η = 1)
+        variant("fedara-delta-slr1", "fedara", fedara__aggregation="delta", fedara__server_lr=1.0),
+        variant(
+            "fedara-reconstruct-slr1",
+            "fedara",
+            fedara__aggregation="reconstruct",
+            fedara__served_scale="none",
+            fedara__server_lr=1.0,
+        ),
         Spec(
             "fedara-reconstruct",
             {
@@ -152,7 +161,7 @@ SUITES: dict[str, list[Spec]] = {
         ),
         *(
             variant(f"fedara-slr{eta:g}", "fedara", fedara__server_lr=eta)
-            for eta in (2.0, 3.0, 5.0)
+            for eta in (1.0, 2.0, 5.0)
         ),
         # the same without low-rank tiers: what the factorisation itself costs
         variant("fedara-tiers1", "fedara", fedara__rank_tiers="1"),
@@ -224,7 +233,6 @@ def main() -> int:
     )
     args = ap.parse_args()
     from benchmarks.results_page import entries  # imports this module
-
 
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     regimes = list(REGIMES) if args.regime == "all" else [args.regime]

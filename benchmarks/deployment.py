@@ -212,8 +212,8 @@ def idle_cpu(fed: Federation) -> float:
     return (cpu_seconds(pids) - before) / IDLE_S
 
 
-def process_tree(pid: int) -> list[tuple[int, int]]:
-    """(depth, pid) of ``pid`` and every process below it."""
+def children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from one pass over /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -223,6 +223,11 @@ def process_tree(pid: int) -> list[tuple[int, int]]:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def process_tree(pid: int, children: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """(depth, pid) of ``pid`` and every process below it."""
     out, todo = [], [(0, pid)]
     while todo:
         depth, p = todo.pop()
@@ -253,8 +258,9 @@ class CpuByRole(threading.Thread):
         return "executor" if depth == 1 else "tasks"
 
     def sample(self) -> None:
+        children = children_map()
         for root, proc in list(self.fed.procs.procs.items()):
-            for depth, pid in process_tree(proc.pid):
+            for depth, pid in process_tree(proc.pid, children):
                 used = cpu_seconds([pid])
                 # a process started during the run counts from 0
                 self.first.setdefault(pid, used if not self.is_alive() else 0.0)

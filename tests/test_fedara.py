@@ -37,8 +37,10 @@ class StubGrid:
 
 
 def fedara(ratios: list[float], **cfg) -> FedARA:  # type: ignore[no-untyped-def]
+    """The rule tests check each aggregation rule as the paper states it (server step
+    η = 1) unless they set ``fedara.server-lr`` themselves."""
     nodes = [tier_node(100 + i, i, r) for i, r in enumerate(ratios)]
-    s = strategy(FedARA, nodes, **cfg)
+    s = strategy(FedARA, nodes, **{"fedara.server-lr": 1.0, **cfg})
     s.global_arrays = s.init_global()
     return s
 
