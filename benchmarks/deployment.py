@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cli.federation import Federation  # noqa: E402
-from cli.launch import descendants, run_simulation  # noqa: E402
+from cli.launch import children_map, descendants, run_simulation  # noqa: E402
 
 NODES = 3
 ROUNDS = 6
@@ -210,20 +210,6 @@ def idle_cpu(fed: Federation) -> float:
     before = cpu_seconds(pids)
     time.sleep(IDLE_S)
     return (cpu_seconds(pids) - before) / IDLE_S
-
-
-def children_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from one pass over /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    return children
 
 
 def process_tree(pid: int, children: dict[int, list[int]]) -> list[tuple[int, int]]:

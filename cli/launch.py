@@ -65,13 +65,13 @@ def flower_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[
     return env
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+def children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from one pass over /proc (empty where there is none)."""
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -81,6 +81,12 @@ def descendants(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children = children_map()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
