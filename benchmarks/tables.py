@@ -215,7 +215,7 @@ def deployment_section() -> str:
             "#### Deployment vs simulation",
             "",
             f"`python benchmarks/deployment.py`: {doc['workload']}. Median seconds per round "
-            "(round 1 excluded), all three measured in one run:",
+            "(round 1 excluded), every mode measured in one run:",
             "",
             "| mode | s / round | × simulation |",
             "|---|---|---|",
