@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from logging import WARNING
+
+import torch
+from flwr.common.logger import log
+
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
@@ -13,6 +18,14 @@ from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
 from client_app.mutual import FedKDHook, FMLHook
 from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook, FedTGPHook
 from common.records import to_record, to_torch
+
+
+def non_finite(state: dict[str, torch.Tensor]) -> str | None:
+    """The first floating-point entry of ``state`` with a NaN or an infinity, if any."""
+    for key, value in state.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return key
+    return None
 
 HOOKS: dict[str, ClientHook] = {
     h.name: h
@@ -84,13 +97,28 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     hook.install(run, run.received)
     stats = hook.train(run)
     upload = hook.upload(run)
-    run.save()
+    bad = non_finite(run.model.state_dict())
+    if bad is None:
+        run.save()
+    else:
+        # Training diverged: keep the personal model of the last good round (the next
+        # round starts from it again) and reply as usual; the server rejects the
+        # non-finite upload and logs it.
+        log(
+            WARNING,
+            "partition %d, round %d: training produced non-finite values in '%s'; the "
+            "personal model of the last good round is kept",
+            run.node.partition_id,
+            run.server_round,
+            bad,
+        )
     metrics = MetricRecord(
         {
             "num-examples": len(run.data.y_train),
             "train-loss": stats.loss,
             "train-time-s": stats.seconds,
             "rounds-trained": run.rounds_trained,
+            "diverged": float(bad is not None),
             **run.metrics,
         }
     )

@@ -127,3 +127,31 @@ def test_official_protocol_reports_accuracy_on_the_official_test_set(tmp_path: P
         assert 0.0 < row["accuracy-global"] <= 1.0
     merged, _ = run_inprocess(tmp_path / "m", algorithm="lgfedavg")
     assert all(r["accuracy-global"] is None for r in merged["rounds"])
+
+
+def test_a_client_whose_training_diverges_keeps_its_last_good_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 1 of partition 2 ends with NaN weights: its reply is rejected, its personal
+    model is not overwritten (round 2 trains from the finite one and is saved)."""
+    import torch
+
+    hook = HOOKS["lgfedavg"]
+    train = hook.train
+
+    def diverge(run):  # type: ignore[no-untyped-def]
+        stats = train(run)
+        if run.node.partition_id == 2 and run.server_round == 1:
+            with torch.no_grad():
+                for p in run.model.parameters():
+                    p.fill_(float("nan"))
+        return stats
+
+    monkeypatch.setattr(hook, "train", diverge)
+    res, grid = run_inprocess(tmp_path, algorithm="lgfedavg")
+    assert [r["valid-replies"] for r in res["rounds"]] == [2, 3]
+    bad = grid.contexts[grid.node_of_partition(2)]
+    assert int(bad.state["fedhet.meta"]["rounds-trained"]) == 1
+    for key, value in bad.state["fedhet.model"].items():
+        assert np.isfinite(value.numpy()).all(), key
+    assert res["rounds"][-1]["accuracy"] > 0.0
