@@ -5,11 +5,10 @@ from __future__ import annotations
 from logging import WARNING
 
 import torch
-from flwr.common.logger import log
-
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
+from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.fedara import FedARAHook
@@ -26,6 +25,7 @@ def non_finite(state: dict[str, torch.Tensor]) -> str | None:
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return key
     return None
+
 
 HOOKS: dict[str, ClientHook] = {
     h.name: h
