@@ -158,7 +158,7 @@ SUITES: dict[str, list[Spec]] = {
         # λ = 0 also in the practical regime, where the anchor gradient is 0.76 of CE's
         Spec("fedara-lambda0", {"algorithm": "fedara", "fedara.lambda": 0.0}),
         *(variant(f"fedara-lambda{lam:g}", "fedara", fedara__lambda=lam) for lam in (0.5, 10.0)),
-        *(variant(f"fedara-slr{eta:g}", "fedara", fedara__server_lr=eta) for eta in (5.0,)),
+        variant("fedara-slr5", "fedara", fedara__server_lr=5.0),
         # η = 1 and 2 also in the practical regime, where η = 3 oscillates
         *(
             Spec(f"fedara-slr{eta:g}", {"algorithm": "fedara", "fedara.server-lr": eta})
