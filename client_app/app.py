@@ -97,6 +97,16 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     hook.install(run, run.received)
     stats = hook.train(run)
     upload = hook.upload(run)
+    if stats.backoffs:
+        log(
+            WARNING,
+            "partition %d, round %d: local training went non-finite; %s at the learning "
+            "rate halved %d time(s)",
+            run.node.partition_id,
+            run.server_round,
+            "stopped at the last finite epoch" if stats.gave_up else "the epoch was redone",
+            stats.backoffs,
+        )
     bad = non_finite(run.model.state_dict())
     if bad is None:
         run.save()
@@ -119,6 +129,8 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
             "train-time-s": stats.seconds,
             "rounds-trained": run.rounds_trained,
             "diverged": float(bad is not None),
+            "lr-backoffs": stats.backoffs,
+            "gave-up": float(stats.gave_up),
             **run.metrics,
         }
     )

@@ -38,6 +38,8 @@ class FedLoRAHook(ClientHook):
             num_examples=one.num_examples + two.num_examples,
             steps=steps,
             seconds=one.seconds + two.seconds,
+            backoffs=one.backoffs + two.backoffs,
+            gave_up=one.gave_up or two.gave_up,
         )
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:

@@ -6,6 +6,7 @@ to cross-entropy), choose which parameters are trained, or both.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ class TrainStats:
     num_examples: int
     steps: int
     seconds: float
+    backoffs: int = 0
+    """Epochs redone at half the learning rate after training went non-finite."""
+    gave_up: bool = False
+    """True when training still went non-finite after ``max_backoffs`` halvings: the
+    model was put back to the start of the failing epoch and training stopped there."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ def train(
     extra_loss: ExtraLoss | None = None,
     after_step: AfterStep | None = None,
     frozen: Iterable[nn.Module] = (),
+    max_backoffs: int = 4,
 ) -> TrainStats:
     """Train ``model`` in place with SGD on ``(x, y)``; return statistics.
 
@@ -91,6 +98,14 @@ def train(
         dropout of a frozen part must not change either).
     generator
         Seeds the shuffling: the same generator state gives the same batches.
+    max_backoffs
+        Divergence guard. When a batch loss, or a trained parameter at the end of an
+        epoch, is NaN/Inf, the model (parameters and buffers) goes back to its state at
+        the start of that epoch, the learning rate is halved for the rest of the call,
+        the momentum is cleared, and the epoch is redone (with the next shuffle). After
+        ``max_backoffs`` halvings that still diverge, the model is left at the start of
+        the failing epoch and training stops (``TrainStats.gave_up``). A call that
+        never diverges runs exactly as without the guard.
     """
     trainable = [p for p in (params or model.parameters()) if p.requires_grad]
     if not trainable:
@@ -106,8 +121,12 @@ def train(
     for module in frozen:
         module.eval()
     start, total, steps, n = time.perf_counter(), 0.0, 0, len(y)
-    for _ in range(settings.epochs):
+    backoffs, gave_up, epoch = 0, False, 0
+    while epoch < settings.epochs:
+        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
         order = torch.randperm(n, generator=generator)
+        values: list[float] = []
+        finite = True
         for i in range(0, n, settings.batch_size):
             idx = order[i : i + settings.batch_size]
             xb, yb = x[idx].to(device), y[idx].to(device)
@@ -115,18 +134,40 @@ def train(
             loss = F.cross_entropy(logits, yb)
             if extra_loss is not None:
                 loss = loss + extra_loss(reps, logits, yb, xb)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                finite = False
+                break
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             if after_step is not None:
                 after_step(i + settings.batch_size >= n)
-            total += float(loss.detach())
-            steps += 1
+            values.append(value)
+        if finite:
+            finite = all(bool(torch.isfinite(p).all()) for p in trainable)
+        if not finite:
+            with torch.no_grad():
+                model.load_state_dict(snapshot)
+            opt.state.clear()
+            if backoffs >= max_backoffs:
+                gave_up = True
+                break
+            backoffs += 1
+            for group in opt.param_groups:
+                group["lr"] = group["lr"] / 2
+            continue
+        for value in values:  # the same summation order as a loop without the guard
+            total += value
+        steps += len(values)
+        epoch += 1
     return TrainStats(
         loss=total / max(steps, 1),
         num_examples=n * settings.epochs,
         steps=steps,
         seconds=time.perf_counter() - start,
+        backoffs=backoffs,
+        gave_up=gave_up,
     )
 
 
