@@ -128,6 +128,7 @@ SUITES: dict[str, list[Spec]] = {
     "fedara": [
         Spec("fedara", {"algorithm": "fedara"}),
         Spec("fedara-delta", {"algorithm": "fedara", "fedara.aggregation": "delta"}),
+        Spec("fedara-tracked", {"algorithm": "fedara", "fedara.truncation": "tracked"}),
         # the rules at the paper's server step (η = 1)
         variant("fedara-delta-slr1", "fedara", fedara__aggregation="delta", fedara__server_lr=1.0),
         variant(

@@ -32,6 +32,8 @@ __all__ = [
     "LowRankConv2d",
     "LowRankLinear",
     "conv_to_matrix",
+    "core_energies",
+    "core_svd",
     "decompose",
     "default_layers",
     "eckart_young_error",
@@ -44,6 +46,7 @@ __all__ = [
     "thin_svd",
     "top_svd",
     "torch_threads",
+    "tracked_basis",
 ]
 
 
@@ -302,6 +305,58 @@ def top_svd(weight: Tensor, k: int) -> Svd:
         p = top
         q = (w.T @ p) * inv
     return p, s * keep, q.T
+
+
+def _qr_positive(m: Tensor) -> tuple[Tensor, Tensor]:
+    """Thin QR with a non-negative diagonal of R (so a column of Q keeps the sign of
+    the column of ``m`` it comes from)."""
+    q, r = torch.linalg.qr(m)
+    signs = torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(m.dtype)
+    return q * signs, r * signs[:, None]
+
+
+def tracked_basis(weight: Tensor, prev: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One step of block subspace iteration from a previous basis: nested leading
+    subspaces that follow the weight's spectrum without jumping between rounds.
+
+    ``prev`` ``[min(rows, cols), k]`` is an orthonormal basis of the smaller side
+    (the right singular side of a tall matrix, the left one of a wide matrix), for
+    example the one this function or :func:`top_svd` returned for the previous
+    global state. With ``A`` the matrix oriented tall, ``Q = orth(AᵀA·prev)`` and
+    ``A Q = P R`` (both QRs column-order preserving, so every prefix of ``Q`` spans
+    one power-iteration step of the same prefix of ``prev``).
+
+    Returns ``(P [rows, k], C [k, k], Q [cols, k])``, P and Q orthonormal, such that
+    for every ``r ≤ k`` the projection of the weight's matrix ``W`` onto the first
+    ``r`` tracked directions is ``P_r C[:r, :r] Q_rᵀ`` (``W Q_r Q_rᵀ`` when tall,
+    ``P_r P_rᵀ W`` when wide; C upper triangular when tall, lower when wide). Where
+    the spectrum has a gap the iteration converges to the leading singular subspace
+    at rate (σ_{r+1}/σ_r)² per call; where it is flat the subspace stays put, while a
+    fresh truncated SVD may pick an unrelated one.
+    """
+    w = _as_matrix(weight.detach()).to(torch.float64)
+    tall = w.shape[0] >= w.shape[1]
+    a = w if tall else w.T
+    prev = prev.to(torch.float64)
+    if prev.shape[0] != a.shape[1] or not 1 <= prev.shape[1] <= a.shape[1]:
+        raise ValueError(f"basis of shape {tuple(prev.shape)} does not fit a {tuple(w.shape)} matrix")
+    q, _ = _qr_positive(a.T @ (a @ prev))
+    p, r = _qr_positive(a @ q)
+    return (p, r, q) if tall else (q, r.T, p)
+
+
+def core_energies(core: Tensor) -> Tensor:
+    """``e`` with ``Σ_{i<r} e_i = ‖C[:r, :r]‖²_F`` for every r (C triangular or not):
+    the energy each tracked direction adds to the truncation."""
+    sq = core.square()
+    return torch.tril(sq).sum(1) + torch.triu(sq, 1).sum(0)
+
+
+def core_svd(p: Tensor, core: Tensor, q: Tensor, rank: int) -> Svd:
+    """The exact SVD ``(P', S, Q'ᵀ)`` of ``P_r C[:r, :r] Q_rᵀ`` (a :func:`tracked_basis`
+    truncation), from the SVD of the r×r core."""
+    a, s, bt = torch.linalg.svd(core[:rank, :rank])
+    return p[:, :rank] @ a, s, (q[:, :rank] @ bt.T).T
 
 
 def decompose(weight: Tensor, rank: int, svd: Svd | None = None) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,17 @@ import numpy as np
 import torch
 
 from common.records import Arrays, shapes
-from models.lowrank import Svd, factorisable_layers, layer_rank, top_svd, torch_threads
+from models.lowrank import (
+    Svd,
+    _matrix_dims,
+    core_energies,
+    core_svd,
+    factorisable_layers,
+    layer_rank,
+    top_svd,
+    torch_threads,
+    tracked_basis,
+)
 from models.lowrank_state import (
     coverage_normalised,
     decompose_state,
@@ -69,6 +79,11 @@ class FedARA(HeteroStrategy):
         self.layer_shapes: dict[str, tuple[int, ...]] = {}
         self._bases: dict[str, torch.Tensor] = {}
         """Layer -> leading left singular vectors of the previous global state."""
+        self._tracked: dict[str, torch.Tensor] = {}
+        """Layer -> the basis (smaller side) the last decomposition truncated to, the
+        start of the next one under ``fedara.truncation = tracked``."""
+        self._cores: dict[str, torch.Tensor] = {}
+        """Layer -> the core C of this global state's tracked basis (tracked only)."""
 
     def extra_state(self) -> dict[str, Any]:
         return {
@@ -76,6 +91,7 @@ class FedARA(HeteroStrategy):
             "svd-calls": self.svd_calls,
             "decompositions": self.decompositions,
             "bases": self._bases,
+            "tracked": self._tracked,
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
@@ -83,6 +99,7 @@ class FedARA(HeteroStrategy):
         self.svd_calls = dict(state["svd-calls"])
         self.decompositions = dict(state["decompositions"])
         self._bases = dict(state["bases"])
+        self._tracked = dict(state.get("tracked", {}))
 
     def tier(self, node: NodeInfo) -> Tier:
         layers = tuple(sorted(str(node.extras.get("layers", "")).split(",")))
@@ -118,14 +135,41 @@ class FedARA(HeteroStrategy):
                             depth = max(
                                 layer_rank(shape, t) for t in self.ratios_below_one() | {ratio}
                             )
-                            self._svds[name] = top_svd(extractor[f"{name}.weight"], depth)
+                            self._svds[name] = self._basis(name, extractor[f"{name}.weight"], depth)
                             self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
                     gains = self._tier_gains(extractor, wanted, ratio)
-                    state = decompose_state(extractor, wanted, ratio, self._svds, gains)
+                    svds = {name: self._tier_svd(name, shape, ratio) for name, shape in wanted.items()}
+                    state = decompose_state(extractor, wanted, ratio, svds, gains)
                     self._gains[tier] = gains
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
         return self._served[tier]
+
+    def _basis(self, name: str, weight: torch.Tensor, depth: int) -> Svd:
+        """The ``depth`` leading directions of a layer of this global state, as
+        ``(P, e^½, Qᵀ)`` with ``Σ_{i<r} e_i`` the energy of the rank-r truncation:
+        the truncated SVD (``fedara.truncation = svd``, and the first decomposition
+        under ``tracked``) or one subspace-iteration step from the previous
+        decomposition's basis (``tracked``)."""
+        prev = self._tracked.get(name)
+        if self.cfg.fedara.truncation == "tracked" and prev is not None and prev.shape[1] >= depth:
+            p, core, q = tracked_basis(weight, prev[:, :depth])
+            self._cores[name] = core
+            svd = (p, core_energies(core).sqrt(), q.T)
+        else:
+            svd = top_svd(weight, depth)
+            self._cores.pop(name, None)
+        rows, cols = _matrix_dims(tuple(weight.shape))
+        self._tracked[name] = (svd[2].T if rows >= cols else svd[0]).clone()
+        return svd
+
+    def _tier_svd(self, name: str, shape: tuple[int, ...], ratio: float) -> Svd:
+        """What a tier of ``ratio`` is served of layer ``name``: the truncated SVD, or
+        the exact SVD of the projection onto the first r tracked directions."""
+        if name not in self._cores:
+            return self._svds[name]
+        p, _, qt = self._svds[name]
+        return core_svd(p, self._cores[name], qt.T, layer_rank(shape, ratio))
 
     def _tier_gains(
         self, extractor: dict[str, torch.Tensor], layers: dict[str, tuple[int, ...]], ratio: float
@@ -171,7 +215,7 @@ class FedARA(HeteroStrategy):
                 before = full[key].double()
                 mean[key] = before + eta * (value.double() - before)
         # a new global state: decompose again on demand
-        self._served, self._svds, self._gains = {}, {}, {}
+        self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
         self.version += 1
         new = {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)

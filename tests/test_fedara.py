@@ -495,3 +495,90 @@ def test_shared_svd_gives_the_same_approximation_as_a_fresh_decomposition() -> N
         np.testing.assert_allclose(
             np.linalg.norm(pu, axis=0), np.linalg.norm(u.numpy(), axis=0), rtol=1e-5
         )
+
+
+# ------------------------------------------------------------ tracked truncation
+
+
+def _flat_fc1(seed: int, rows: int = 2000, cols: int = 512) -> np.ndarray:
+    """A float32 [rows, cols] matrix whose singular values all lie in [1, 1.001)
+    (a flat spectrum, as the practical regime's fc1 ends up), fixed bases."""
+    gen = torch.Generator().manual_seed(11)
+    p, _ = torch.linalg.qr(torch.randn(rows, cols, generator=gen, dtype=torch.float64))
+    q, _ = torch.linalg.qr(torch.randn(cols, cols, generator=gen, dtype=torch.float64))
+    values = 1 + 1e-3 * torch.rand(cols, generator=torch.Generator().manual_seed(seed))
+    return (p * values.double() @ q.T).numpy().astype(np.float32)
+
+
+def _column_overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """‖P_aᵀ P_b‖²_F / r for orthonormal bases of the column spaces of a and b."""
+    pa, pb = np.linalg.qr(a.astype(np.float64))[0], np.linalg.qr(b.astype(np.float64))[0]
+    return float(np.square(pa.T @ pb).sum()) / pa.shape[1]
+
+
+@pytest.mark.parametrize("truncation", ["svd", "tracked"])
+def test_tracked_truncation_keeps_a_tier_subspace_where_the_svd_jumps(truncation: str) -> None:
+    """fc1 with a flat spectrum; a full-rank reply reorders its singular values (a 0.1 %
+    change). Both truncations serve the rank-1/8 tier the SVD truncation at version
+    0; at version 1 the SVD's leading subspace is another one, the tracked one is
+    the same (and is still the exact projection of the new global onto it)."""
+    s = fedara([1.0, 0.125], **{"fedara.aggregation": "delta", "fedara.truncation": truncation})
+    key = "extractor.fc1.weight"
+    s.global_arrays = {**s.global_arrays, key: _flat_fc1(seed=0)}
+    low = s.payload(1, s.nodes[101])
+    u0, v0 = low["extractor.fc1.u"], low["extractor.fc1.v"]
+    w0 = s.global_arrays[key].astype(np.float64)
+    r = u0.shape[1]
+    p, sv, qt = np.linalg.svd(w0, full_matrices=False)
+    g = s.gains(s.tier(s.nodes[101]))["fc1"]
+    np.testing.assert_allclose(u0 @ v0.T, g * (p[:, :r] * sv[:r]) @ qt[:r], rtol=1e-3, atol=1e-5)
+    full = {**s.payload(1, s.nodes[100]), key: _flat_fc1(seed=1)}
+    sized(s, {100: 50, 101: 50})
+    s.aggregate_train(1, [reply(100, full, 50), reply(101, low, 50)])
+    w1 = s.global_arrays[key].astype(np.float64)
+    assert np.linalg.norm(w1 - w0) < 1e-3 * np.linalg.norm(w0)
+    nxt = s.payload(2, s.nodes[101])
+    u1, v1 = nxt["extractor.fc1.u"], nxt["extractor.fc1.v"]
+    overlap = _column_overlap(v0, v1)  # fc1 is tall: the right (input) side is tracked
+    if truncation == "svd":
+        assert overlap < 0.6
+    else:
+        assert overlap > 0.999
+        q1 = np.linalg.qr(v1.astype(np.float64))[0]
+        g1 = s.gains(s.tier(s.nodes[101]))["fc1"]
+        np.testing.assert_allclose(u1 @ v1.T / g1, w1 @ q1 @ q1.T, rtol=1e-3, atol=1e-6)
+        assert g1 == pytest.approx(np.linalg.norm(w1) / np.linalg.norm(w1 @ q1 @ q1.T), rel=1e-6)
+
+
+def test_tracked_truncation_keeps_delta_a_fixed_point_and_resumes() -> None:
+    """Two rounds of every tier replying what it was served (the second served from
+    the tracked basis) leave the global as it was; a strategy restored from the
+    checkpoint state after round 1 serves round 2 exactly as the running one did,
+    and one without that state starts again from the SVD (a different subspace)."""
+    ratios = [1.0, 0.5, 0.25, 0.125, 0.0625]
+    cfg = {"fedara.aggregation": "coverage", "fedara.truncation": "tracked"}
+    s = fedara(ratios, **cfg)
+    old = {k: v.copy() for k, v in s.global_arrays.items()}
+    sized(s, {nid: 40 + nid for nid in s.nodes})
+    served: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+    state, arrays = None, None
+    for rnd in (1, 2):
+        served[rnd] = {nid: s.payload(rnd, s.nodes[nid]) for nid in sorted(s.nodes)}
+        assert bool(s._cores) == (rnd == 2)  # round 2 is served from the tracked basis
+        s.aggregate_train(rnd, [reply(nid, a, 40 + nid) for nid, a in served[rnd].items()])
+        if rnd == 1:
+            state = copy.deepcopy(s.extra_state())
+            arrays = {k: v.copy() for k, v in s.global_arrays.items()}
+    for k in old:
+        np.testing.assert_allclose(s.global_arrays[k], old[k], rtol=0, atol=4e-6)
+    restored = fedara(ratios, **cfg)
+    restored.load_extra_state(state)
+    restored.global_arrays = arrays
+    fresh = fedara(ratios, **cfg)
+    fresh.global_arrays = arrays
+    for nid in sorted(s.nodes):
+        got = restored.payload(2, restored.nodes[nid])
+        for k in got:
+            np.testing.assert_array_equal(got[k], served[2][nid][k])
+    assert not fresh._tracked and fresh.payload(2, fresh.nodes[104])  # SVD again
+    assert not fresh._cores and restored._cores

@@ -440,3 +440,83 @@ def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(first_f
         torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-6)  # float32 products
     for st, kept in zip(states, before, strict=True):
         assert all(torch.equal(st[k], kept[k]) for k in st)
+
+
+def _spectrum(rows: int, cols: int, values: torch.Tensor, seed: int) -> torch.Tensor:
+    """A [rows, cols] float64 matrix with the given singular values (random bases)."""
+    gen = torch.Generator().manual_seed(seed)
+    p, _ = torch.linalg.qr(torch.randn(rows, rows, generator=gen, dtype=torch.float64))
+    q, _ = torch.linalg.qr(torch.randn(cols, cols, generator=gen, dtype=torch.float64))
+    k = values.numel()
+    return p[:, :k] * values @ q[:, :k].T
+
+
+@pytest.mark.parametrize("shape", [(60, 20), (20, 60), (12, 4, 3, 3)])
+def test_tracked_basis_is_an_exact_nested_projection(shape: tuple[int, ...]) -> None:
+    """P, Q orthonormal; for every r the truncation P_r C[:r,:r] Q_rᵀ is the
+    projection of W onto the first r tracked directions, core_energies sums to its
+    energy and core_svd is its exact SVD."""
+    from models.lowrank import conv_to_matrix, core_energies, core_svd, tracked_basis
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    m = conv_to_matrix(w) if len(shape) == 4 else w
+    tall = m.shape[0] >= m.shape[1]
+    prev, _ = torch.linalg.qr(torch.randn(min(m.shape), 8, generator=gen, dtype=torch.float64))
+    p, core, q = tracked_basis(w, prev)
+    eye = torch.eye(8, dtype=torch.float64)
+    torch.testing.assert_close(p.T @ p, eye)
+    torch.testing.assert_close(q.T @ q, eye)
+    for r in (1, 3, 8):
+        proj = m @ q[:, :r] @ q[:, :r].T if tall else p[:, :r] @ p[:, :r].T @ m
+        torch.testing.assert_close(p[:, :r] @ core[:r, :r] @ q[:, :r].T, proj)
+        assert float(core_energies(core)[:r].sum()) == pytest.approx(float(proj.square().sum()))
+        a, s, bt = core_svd(p, core, q, r)
+        torch.testing.assert_close(a * s @ bt, proj)
+        torch.testing.assert_close(a.T @ a, torch.eye(r, dtype=torch.float64))
+    # one power step: the first direction is orth(WᵀW prev_1) (tall) / orth(WWᵀ prev_1)
+    first = (m.T @ (m @ prev[:, 0])) if tall else (m @ (m.T @ prev[:, 0]))
+    small = q if tall else p
+    torch.testing.assert_close(small[:, 0], first / first.norm())
+
+
+@pytest.mark.parametrize("tall", [True, False])
+def test_tracked_basis_converges_with_a_gap_and_stays_put_when_flat(tall: bool) -> None:
+    """Repeated from a random basis on a matrix with a spectral gap at 6, the tracked
+    6 directions become the leading singular subspace; on a flat spectrum (all
+    singular values within 1e-3) a perturbation that reorders the values moves the
+    fresh SVD's leading subspace almost entirely, the tracked one hardly at all."""
+    from models.lowrank import top_svd, tracked_basis
+
+    rows, cols = (50, 30) if tall else (30, 50)
+
+    values = torch.cat([torch.full((6,), 3.0), torch.linspace(1.0, 0.5, 24)]).double()
+    w = _spectrum(rows, cols, values, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    basis, _ = torch.linalg.qr(torch.randn(30, 10, generator=gen, dtype=torch.float64))
+    for _ in range(12):
+        out = tracked_basis(w, basis)
+        basis = out[2] if tall else out[0]
+    top = top_svd(w, 6)
+    leading = top[2].T if tall else top[0]
+    assert float((leading.T @ basis[:, :6]).square().sum()) / 6 > 0.999
+
+    def overlap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.T @ b).square().sum()) / a.shape[1]
+
+    flat = 1 + 1e-3 * torch.rand(30, generator=gen, dtype=torch.float64)
+    reordered = 1 + 1e-3 * torch.rand(30, generator=gen, dtype=torch.float64)
+    w0, w1 = _spectrum(rows, cols, flat, seed=4), _spectrum(rows, cols, reordered, seed=4)
+    svd0, svd1 = top_svd(w0, 8), top_svd(w1, 8)
+    side = (lambda s: s[2].T) if tall else (lambda s: s[0])
+    assert overlap(side(svd0), side(svd1)) < 0.6  # the fresh SVD jumps
+    out = tracked_basis(w1, side(svd0))
+    assert overlap(side(svd0), out[2] if tall else out[0]) > 0.999  # tracked stays
+    assert torch.linalg.matrix_norm(w1 - w0) < 0.01 * torch.linalg.matrix_norm(w0)
+
+
+def test_tracked_basis_rejects_a_basis_of_the_wrong_side() -> None:
+    from models.lowrank import tracked_basis
+
+    with pytest.raises(ValueError, match="does not fit"):
+        tracked_basis(torch.randn(50, 30), torch.randn(50, 4))
