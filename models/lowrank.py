@@ -339,7 +339,9 @@ def tracked_basis(weight: Tensor, prev: Tensor) -> tuple[Tensor, Tensor, Tensor]
     a = w if tall else w.T
     prev = prev.to(torch.float64)
     if prev.shape[0] != a.shape[1] or not 1 <= prev.shape[1] <= a.shape[1]:
-        raise ValueError(f"basis of shape {tuple(prev.shape)} does not fit a {tuple(w.shape)} matrix")
+        raise ValueError(
+            f"basis of shape {tuple(prev.shape)} does not fit a {tuple(w.shape)} matrix"
+        )
     q, _ = _qr_positive(a.T @ (a @ prev))
     p, r = _qr_positive(a @ q)
     return (p, r, q) if tall else (q, r.T, p)

@@ -138,7 +138,9 @@ class FedARA(HeteroStrategy):
                             self._svds[name] = self._basis(name, extractor[f"{name}.weight"], depth)
                             self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
                     gains = self._tier_gains(extractor, wanted, ratio)
-                    svds = {name: self._tier_svd(name, shape, ratio) for name, shape in wanted.items()}
+                    svds = {
+                        name: self._tier_svd(name, shape, ratio) for name, shape in wanted.items()
+                    }
                     state = decompose_state(extractor, wanted, ratio, svds, gains)
                     self._gains[tier] = gains
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
@@ -308,7 +310,7 @@ def update_coherence(
     if not keys or total <= 0:
         return None
     mean, spread = None, 0.0
-    for state, w in zip(states, weights):
+    for state, w in zip(states, weights, strict=True):
         delta = torch.cat([(state[k].double() - old[k].double()).flatten() for k in keys])
         spread += w / total * float(delta.norm())
         mean = delta * (w / total) if mean is None else mean + delta * (w / total)
