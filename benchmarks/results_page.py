@@ -130,6 +130,7 @@ ADDED = {
     "fedre.reps-per-client": 1,
     "fedlora.lr": 0.0,
     "fedara.server-lr": 1.0,
+    "fedara.truncation": "svd",
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")
