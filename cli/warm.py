@@ -91,6 +91,8 @@ FLOWER_TASK_POLL_S = 1.0
 def idle_interval(base: float, idle_s: float, cap: float) -> float:
     """The poll interval after ``idle_s`` seconds without a task."""
     return min(cap, base + IDLE_GROWTH * max(0.0, idle_s))
+
+
 PULL_BACKOFF = {"initial_backoff": 0.05, "backoff_cap": 0.5, "max_tries_per_object": 10_000}
 """Object pulls retry a missing object after 0.05 s, doubling to at most 0.5 s (Flower:
 1 s doubling to 10 s, 500 tries; 10,000 tries at 0.5 s keep its patience of about
