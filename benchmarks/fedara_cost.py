@@ -2,8 +2,9 @@
 
 1. Server: ``configure_train`` (one decomposition per distinct tier) + ``aggregate_train``
    (reconstruction + sample-weighted mean) with 10, 100 and 1000 simulated client
-   replies spread round-robin over the 5 default tiers (cnn-1 extractor). Median of
-   3 repetitions, torch with 2 threads (the machine's cores).
+   replies spread round-robin over the 5 default tiers (cnn-1 extractor), rounds 1
+   and 2, under each ``fedara.truncation``. Median of 3 repetitions, torch with 2
+   threads (the machine's cores).
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
    (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread;
@@ -30,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
-def server_time(num_clients: int, repeats: int = 3) -> dict:
+def server_time(num_clients: int, truncation: str = "svd", repeats: int = 3) -> dict:
+    """Two rounds of the server (the second is where ``fedara.truncation=tracked``
+    iterates from the first round's basis instead of computing an SVD)."""
     import numpy as np
     import torch
     from flwr.app import ArrayRecord, ConfigRecord
@@ -69,37 +72,47 @@ def server_time(num_clients: int, repeats: int = 3) -> dict:
         def get_node_ids(self) -> list[int]:
             return [n.node_id for n in nodes]
 
-    times, configure, aggregate, svds = [], [], [], []
+    times: dict[int, list[float]] = {1: [], 2: []}
+    configure: dict[int, list[float]] = {1: [], 2: []}
+    aggregate: dict[int, list[float]] = {1: [], 2: []}
+    svds = []
     rng = np.random.default_rng(0)
+    cfg = {"algorithm": "fedara", "min-available-nodes": 2, "fedara.truncation": truncation}
     for _ in range(repeats):
-        s = FedARA(parse_run_config({"algorithm": "fedara", "min-available-nodes": 2}))
+        s = FedARA(parse_run_config(cfg))
         s.nodes = {n.node_id: n for n in nodes}
         s.global_arrays = s.init_global()
-        t0 = time.perf_counter()
-        msgs = list(s.configure_train(1, ArrayRecord(), ConfigRecord(), Grid()))  # type: ignore[arg-type]
-        t1 = time.perf_counter()
-        replies = []
-        for m in msgs:
-            arrays = {
-                k: v.numpy() + rng.normal(0, 1e-3, v.shape).astype(np.float32)
-                for k, v in m.content.array_records["arrays"].items()
-            }
-            dst = m.metadata.dst_node_id
-            replies.append(reply(dst, arrays, s.nodes[dst].num_train))
-        t2 = time.perf_counter()
-        s.aggregate_train(1, replies)
-        t3 = time.perf_counter()
-        if s.rejected:  # a benchmark of a round that aggregated nothing is no benchmark
-            raise SystemExit(f"fedara_cost: replies rejected: {s.rejected[:3]}")
-        configure.append(t1 - t0)
-        aggregate.append(t3 - t2)
-        times.append((t1 - t0) + (t3 - t2))
+        for rnd in (1, 2):
+            t0 = time.perf_counter()
+            msgs = list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), Grid()))  # type: ignore[arg-type]
+            t1 = time.perf_counter()
+            replies = []
+            for m in msgs:
+                arrays = {
+                    k: v.numpy() + rng.normal(0, 1e-3, v.shape).astype(np.float32)
+                    for k, v in m.content.array_records["arrays"].items()
+                }
+                dst = m.metadata.dst_node_id
+                replies.append(reply(dst, arrays, s.nodes[dst].num_train))
+            t2 = time.perf_counter()
+            s.aggregate_train(rnd, replies)
+            t3 = time.perf_counter()
+            if s.rejected:  # a benchmark of a round that aggregated nothing is no benchmark
+                raise SystemExit(f"fedara_cost: replies rejected: {s.rejected[:3]}")
+            configure[rnd].append(t1 - t0)
+            aggregate[rnd].append(t3 - t2)
+            times[rnd].append((t1 - t0) + (t3 - t2))
         svds.append(s.decompositions.get(0, 0))
+    med = statistics.median
     return {
         "clients": num_clients,
-        "server-s": statistics.median(times),
-        "configure-s": statistics.median(configure),
-        "aggregate-s": statistics.median(aggregate),
+        "truncation": truncation,
+        "server-s": med(times[1]),
+        "configure-s": med(configure[1]),
+        "aggregate-s": med(aggregate[1]),
+        "server-s-round2": med(times[2]),
+        "configure-s-round2": med(configure[2]),
+        "aggregate-s-round2": med(aggregate[2]),
         "decompositions": svds[0],
     }
 
@@ -218,8 +231,9 @@ def main() -> None:
         doc = json.loads(args.out.read_text())
     server = []
     for n in (int(c) for c in args.clients.split(",")):
-        server.append(server_time(n))
-        print(json.dumps(server[-1]), flush=True)
+        for truncation in ("svd", "tracked"):
+            server.append(server_time(n, truncation))
+            print(json.dumps(server[-1]), flush=True)
     doc["server"] = server
     doc["server-measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if not args.server_only:

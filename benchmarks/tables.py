@@ -103,13 +103,22 @@ def fedara_cost_section() -> str:
         "replies spread round-robin over the 5 default tiers "
         "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores" + measured + ".",
         "",
-        "| client replies | server s / round | decompose (configure) s | aggregate s |",
-        "|---|---|---|---|",
+        "Round 1 decomposes with a truncated SVD under either `fedara.truncation`; "
+        "round 2 is where `tracked` takes one subspace-iteration step instead.",
+        "",
+        "| client replies | truncation | server s / round (round 1) | decompose (configure) s "
+        "| aggregate s | server s / round (round 2) | decompose s (round 2) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in doc["server"]:
+        second = (
+            f"{r['server-s-round2']:.2f} | {r['configure-s-round2']:.2f}"
+            if "server-s-round2" in r
+            else "– | –"
+        )
         lines.append(
-            f"| {r['clients']} | {r['server-s']:.2f} | {r['configure-s']:.2f} | "
-            f"{r['aggregate-s']:.2f} |"
+            f"| {r['clients']} | {r.get('truncation', 'svd')} | {r['server-s']:.2f} | "
+            f"{r['configure-s']:.2f} | {r['aggregate-s']:.2f} | {second} |"
         )
     lines += [
         "",
