@@ -13,4 +13,4 @@ if [ ! -x .venv-compose/bin/docker-compose ]; then
   .venv-compose/bin/pip install --quiet docker-compose==1.29.2
 fi
 
-exec python -m pytest -q "$@"
+exec python -m pytest -q --durations=15 "$@"
