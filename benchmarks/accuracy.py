@@ -73,6 +73,10 @@ PAPER_REGIME: dict[str, Scalar] = {
 }
 """The FedARA paper's local training: 5 epochs, batch 16, lr 0.005."""
 
+SVD: dict[str, Scalar] = {"fedara.truncation": "svd"}
+"""FedARA rows measured while every tier was served the truncated SVD (the default
+before ``tracked``)."""
+
 BASELINES = [Spec("local", {"algorithm": "local"}), Spec("lgfedavg", {"algorithm": "lgfedavg"})]
 FEDRE_VARIANTS: dict[str, dict[str, Scalar]] = {
     "e20": {"fedre__server_epochs": 20},
@@ -127,16 +131,25 @@ SUITES: dict[str, list[Spec]] = {
     ],
     "fedara": [
         Spec("fedara", {"algorithm": "fedara"}),
-        Spec("fedara-delta", {"algorithm": "fedara", "fedara.aggregation": "delta"}),
-        Spec("fedara-tracked", {"algorithm": "fedara", "fedara.truncation": "tracked"}),
+        # the earlier default (every tier served the truncated SVD) and the rows measured
+        # with it: they keep fedara.truncation=svd
+        Spec("fedara-svd", {"algorithm": "fedara", **SVD}),
+        Spec("fedara-delta", {"algorithm": "fedara", "fedara.aggregation": "delta", **SVD}),
         # the rules at the paper's server step (η = 1)
-        variant("fedara-delta-slr1", "fedara", fedara__aggregation="delta", fedara__server_lr=1.0),
+        variant(
+            "fedara-delta-slr1",
+            "fedara",
+            fedara__aggregation="delta",
+            fedara__server_lr=1.0,
+            fedara__truncation="svd",
+        ),
         variant(
             "fedara-reconstruct-slr1",
             "fedara",
             fedara__aggregation="reconstruct",
             fedara__served_scale="none",
             fedara__server_lr=1.0,
+            fedara__truncation="svd",
         ),
         Spec(
             "fedara-reconstruct",
@@ -144,9 +157,10 @@ SUITES: dict[str, list[Spec]] = {
                 "algorithm": "fedara",
                 "fedara.aggregation": "reconstruct",
                 "fedara.served-scale": "none",
+                **SVD,
             },
         ),
-        variant("fedara-noscale", "fedara", fedara__served_scale="none"),
+        variant("fedara-noscale", "fedara", fedara__served_scale="none", fedara__truncation="svd"),
         Spec(
             "fedara-star",
             {
@@ -154,20 +168,29 @@ SUITES: dict[str, list[Spec]] = {
                 "model.family": "fedavgcnn",
                 "fedara.rank-tiers": "0.5",
                 "fedara.lambda": 10.0,
+                **SVD,
             },
         ),
         # λ = 0 also in the practical regime, where the anchor gradient is 0.76 of CE's
-        Spec("fedara-lambda0", {"algorithm": "fedara", "fedara.lambda": 0.0}),
-        *(variant(f"fedara-lambda{lam:g}", "fedara", fedara__lambda=lam) for lam in (0.5, 10.0)),
-        variant("fedara-slr5", "fedara", fedara__server_lr=5.0),
+        Spec("fedara-lambda0", {"algorithm": "fedara", "fedara.lambda": 0.0, **SVD}),
+        *(
+            variant(f"fedara-lambda{lam:g}", "fedara", fedara__lambda=lam, fedara__truncation="svd")
+            for lam in (0.5, 10.0)
+        ),
+        variant("fedara-slr5", "fedara", fedara__server_lr=5.0, fedara__truncation="svd"),
         # η = 1 and 2 also in the practical regime, where η = 3 oscillates
         *(
-            Spec(f"fedara-slr{eta:g}", {"algorithm": "fedara", "fedara.server-lr": eta})
+            Spec(f"fedara-slr{eta:g}", {"algorithm": "fedara", "fedara.server-lr": eta, **SVD})
             for eta in (1.0, 2.0)
         ),
         # the same without low-rank tiers: what the factorisation itself costs
-        variant("fedara-tiers1", "fedara", fedara__rank_tiers="1"),
-        *(variant(f"{a}-paper-regime", a, **PAPER_REGIME) for a in ("fedara", "local", "lgfedavg")),
+        variant("fedara-tiers1", "fedara", fedara__rank_tiers="1", fedara__truncation="svd"),
+        variant("fedara-paper-regime", "fedara", **PAPER_REGIME, fedara__truncation="svd"),
+        *(variant(f"{a}-paper-regime", a, **PAPER_REGIME) for a in ("local", "lgfedavg")),
+        # with the tracked default: the anchors, and the server step
+        Spec("fedara-tracked-lambda0", {"algorithm": "fedara", "fedara.lambda": 0.0}),
+        Spec("fedara-tracked-slr1", {"algorithm": "fedara", "fedara.server-lr": 1.0}),
+        variant("fedara-tracked-paper-regime", "fedara", **PAPER_REGIME),
     ],
     "fedlora": [
         Spec("fedlora", {"algorithm": "fedlora"}),

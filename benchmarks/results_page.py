@@ -43,7 +43,11 @@ MAIN = [
 FedRE variant that is FedRE's best measured setting, labelled as such)."""
 
 LABELS = {
-    "fedara": "fedara (tiers 1…1/16: coverage, energy, λ=2 mean, η=3)",
+    "fedara": "fedara (tiers 1…1/16: coverage, energy, tracked, λ=2 mean, η=3)",
+    "fedara-svd": "fedara, truncation=svd (the earlier default)",
+    "fedara-tracked-lambda0": "fedara λ=0 (tracked)",
+    "fedara-tracked-slr1": "fedara, η=1 (tracked)",
+    "fedara-tracked-paper-regime": "fedara, 5 epochs / batch 16 / lr 0.005 (tracked)",
     "fedara-slr1": "fedara, server step η=1 (the paper)",
     "fedara-slr2": "fedara, η=2",
     "fedara-slr5": "fedara, η=5",

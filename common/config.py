@@ -225,11 +225,13 @@ class FedARAConfig(_Section):
     """``none``: a tier gets the truncated SVD ``W_r`` (the paper); ``energy``: the
     factors are scaled so ``‖U Vᵀ‖_F = ‖W‖_F`` (``g·W_r``), and what the tier returns
     is divided by ``g`` before aggregation."""
-    truncation: Literal["svd", "tracked"] = "svd"
+    truncation: Literal["svd", "tracked"] = "tracked"
     """``svd``: a tier is served the truncated SVD of the global layer (the paper);
     ``tracked``: the projection onto r directions that follow the previous round's
     (one step of subspace iteration per global state, starting from the first
-    round's SVD), so a tier's subspace does not jump where the spectrum is flat."""
+    round's SVD), so a tier's subspace does not jump where the spectrum is flat
+    (better on every scarce seed and 11 points better in the practical regime,
+    README)."""
     anchor_reduction: Literal["mean", "sum"] = "mean"
     """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
     sample, averaged over the batch (d times ``mean``)."""
