@@ -58,7 +58,7 @@ LABELS = {
     "fedara-delta": "fedara, aggregation=delta",
     "fedara-reconstruct": "fedara, aggregation=reconstruct, served-scale=none",
     "fedara-noscale": "fedara, served-scale=none",
-    "fedara-star": "FedARA* (fedavgcnn, r=0.5, λ=10)",
+    "fedara-star": "FedARA* (fedavgcnn, r=0.5, λ=10, truncation=svd)",
     "fedara-tiers1": "fedara, every client at rank ratio 1",
     "fedara-lambda0": "fedara λ=0",
     "fedara-lambda0.5": "fedara λ=0.5",
