@@ -80,8 +80,12 @@ class FedARA(HeteroStrategy):
         self._bases: dict[str, torch.Tensor] = {}
         """Layer -> leading left singular vectors of the previous global state."""
         self._tracked: dict[str, torch.Tensor] = {}
-        """Layer -> the basis (smaller side) the last decomposition truncated to, the
-        start of the next one under ``fedara.truncation = tracked``."""
+        """Layer -> the basis (smaller side) the previous global state was truncated
+        to: where this state's decomposition starts under ``fedara.truncation =
+        tracked``. Fixed for the whole of a state (training and evaluation messages,
+        and a run resumed from the checkpoint, all decompose from the same start)."""
+        self._current: dict[str, torch.Tensor] = {}
+        """Layer -> the basis of this global state (becomes ``_tracked`` with the next)."""
         self._cores: dict[str, torch.Tensor] = {}
         """Layer -> the core C of this global state's tracked basis (tracked only)."""
 
@@ -162,7 +166,7 @@ class FedARA(HeteroStrategy):
             svd = top_svd(weight, depth)
             self._cores.pop(name, None)
         rows, cols = _matrix_dims(tuple(weight.shape))
-        self._tracked[name] = (svd[2].T if rows >= cols else svd[0]).clone()
+        self._current[name] = (svd[2].T if rows >= cols else svd[0]).clone()
         return svd
 
     def _tier_svd(self, name: str, shape: tuple[int, ...], ratio: float) -> Svd:
@@ -218,6 +222,8 @@ class FedARA(HeteroStrategy):
                 mean[key] = before + eta * (value.double() - before)
         # a new global state: decompose again on demand
         self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
+        self._tracked.update(self._current)
+        self._current = {}
         self.version += 1
         new = {
             key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)

@@ -564,9 +564,15 @@ def test_tracked_truncation_keeps_delta_a_fixed_point_and_resumes() -> None:
     state, arrays = None, None
     for rnd in (1, 2):
         served[rnd] = {nid: s.payload(rnd, s.nodes[nid]) for nid in sorted(s.nodes)}
+        if rnd == 2:  # training is served what evaluation was (one decomposition per state)
+            for nid, payload in served[rnd].items():
+                for k in payload:
+                    np.testing.assert_array_equal(payload[k], evaluated[nid][k])
         assert bool(s._cores) == (rnd == 2)  # round 2 is served from the tracked basis
         s.aggregate_train(rnd, [reply(nid, a, 40 + nid) for nid, a in served[rnd].items()])
         if rnd == 1:
+            # the evaluation message serves the new global before the checkpoint is taken
+            evaluated = {nid: s.payload(rnd, s.nodes[nid]) for nid in sorted(s.nodes)}
             state = copy.deepcopy(s.extra_state())
             arrays = {k: v.copy() for k, v in s.global_arrays.items()}
     for k in old:
