@@ -77,7 +77,11 @@ def server_time(num_clients: int, truncation: str = "svd", repeats: int = 3) -> 
     aggregate: dict[int, list[float]] = {1: [], 2: []}
     svds = []
     rng = np.random.default_rng(0)
-    cfg = {"algorithm": "fedara", "min-available-nodes": 2, "fedara.truncation": truncation}
+    cfg: dict[str, str | int] = {
+        "algorithm": "fedara",
+        "min-available-nodes": 2,
+        "fedara.truncation": truncation,
+    }
     for _ in range(repeats):
         s = FedARA(parse_run_config(cfg))
         s.nodes = {n.node_id: n for n in nodes}

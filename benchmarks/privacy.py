@@ -122,8 +122,8 @@ def main() -> None:
     if args.out.exists():  # rows not asked for this time keep what they had
         earlier = json.loads(args.out.read_text())
         if earlier.get("clip") == CLIP and earlier.get("clients") == CLIENTS:
-            rows = {**earlier["rows"], **result}
-            result = {k: rows[k] for k in ROWS if k in rows}
+            merged = {**earlier["rows"], **result}
+            result = {k: merged[k] for k in ROWS if k in merged}
     args.out.write_text(json.dumps({"clip": CLIP, "clients": CLIENTS, "rows": result}, indent=1))
 
 

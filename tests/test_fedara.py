@@ -561,6 +561,7 @@ def test_tracked_truncation_keeps_delta_a_fixed_point_and_resumes() -> None:
     old = {k: v.copy() for k, v in s.global_arrays.items()}
     sized(s, {nid: 40 + nid for nid in s.nodes})
     served: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+    evaluated: dict[int, dict[str, np.ndarray]] = {}
     state, arrays = None, None
     for rnd in (1, 2):
         served[rnd] = {nid: s.payload(rnd, s.nodes[nid]) for nid in sorted(s.nodes)}
