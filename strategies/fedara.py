@@ -55,8 +55,9 @@ class FedARA(HeteroStrategy):
     ``W + Σ_k w_k (U'_k V'_kᵀ − U_k V_kᵀ)`` (equal to ``reconstruct`` plus
     ``Σ_t w_t (W − U_t V_tᵀ)``, one product per tier; full layers and biases: the
     plain weighted mean in both rules).
-    Decomposition (truncated SVD, balanced split) runs once per distinct tier per
-    global state and is shared by every node of the tier. Nodes report their tier
+    Decomposition (``fedara.truncation``: the truncated SVD, or the projection onto
+    directions tracked from the previous state's basis; balanced split) runs once per
+    distinct tier per global state and is shared by every node of the tier. Nodes report their tier
     in ``query.profile`` (``rank-ratio``, ``layers``); all must share one base
     architecture.
     """
@@ -238,8 +239,10 @@ class FedARA(HeteroStrategy):
     def spectrum_diagnostics(self) -> dict[str, Any]:
         """Per truncated tier and decomposed layer of this round's global state:
         ``energy`` ‖U_t V_tᵀ‖²_F / ‖W‖²_F (the share a truncation keeps) and
-        ``overlap`` ‖P_prevᵀ P‖²_F / r, how much of the tier's leading left singular
-        subspace it shares with the previous round's (1: the same subspace)."""
+        ``overlap`` ‖P_prevᵀ P‖²_F / r, how much of the left subspace the tier was
+        served (leading singular, or tracked) it shares with the previous round's
+        (1: the same subspace; about r / min(rows, cols) for unrelated ones in the
+        layer's column space)."""
         out: dict[str, dict[str, float]] = {"energy": {}, "overlap": {}}
         extractor = self._extractor()
         for name, (p, s, _) in sorted(self._svds.items()):
