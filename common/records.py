@@ -5,11 +5,16 @@ Arrays always travel by name (state-dict keys), never as positional lists.
 
 from __future__ import annotations
 
+import functools
+import io
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.common.constant import SType
+from numpy.lib import format as npy
 
 Arrays = dict[str, np.ndarray]
 """Named arrays as the server handles them (numpy, by state-dict key)."""
@@ -25,14 +30,83 @@ def to_record(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> ArrayRecord:
     return record
 
 
+class MalformedArray(ValueError):
+    """An array in a record that is not a well-formed ``.npy`` payload."""
+
+
+def _header_end(data: bytes) -> int:
+    """Where a ``.npy`` payload's data starts (magic, version, length, header)."""
+    if len(data) < 10 or data[:6] != npy.MAGIC_PREFIX:
+        raise ValueError("no .npy magic")
+    if data[6] == 1:
+        return 10 + int.from_bytes(data[8:10], "little")
+    if len(data) < 12:
+        raise ValueError("truncated .npy header")
+    return 12 + int.from_bytes(data[8:12], "little")
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """``(shape, fortran order, dtype, data offset)`` of a ``.npy`` header (cached:
+    the replies of a round repeat a few dozen headers)."""
+    stream = io.BytesIO(header)
+    version = npy.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = npy.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = npy.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if stream.tell() != len(header):
+        raise ValueError("truncated .npy header")
+    return tuple(shape), bool(fortran), dtype, len(header)
+
+
+def decode(key: str, arr: Array) -> np.ndarray:
+    """The numpy array an :class:`Array` carries (a writable copy), strictly.
+
+    The same result as ``Array.numpy()`` for every array ``Array.from_numpy_ndarray``
+    writes, in one copy of the data and with each distinct header parsed once
+    (``np.load`` reads in chunks and parses every header: that was half of FedARA's
+    aggregation time at 100 clients). Raises :class:`MalformedArray`, naming
+    ``key``, when the payload is not numpy-serialised, its header is not a ``.npy``
+    header, holds objects, disagrees with the Array's declared dtype or shape, or
+    the data is not exactly ``numel × itemsize`` bytes; pickled data is never loaded.
+    """
+    if arr.stype != SType.NUMPY:
+        raise MalformedArray(f"array '{key}': serialisation {arr.stype!r}, not numpy.ndarray")
+    data = arr.data
+    try:
+        shape, fortran, dtype, offset = _npy_header(bytes(data[: _header_end(data)]))
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise MalformedArray(f"array '{key}': not a .npy payload ({exc})") from None
+    if dtype.hasobject:
+        raise MalformedArray(f"array '{key}': object dtype {dtype} (never unpickled)")
+    if tuple(shape) != tuple(arr.shape) or str(dtype) != arr.dtype:
+        raise MalformedArray(
+            f"array '{key}': payload {dtype} {tuple(shape)} != declared {arr.dtype} "
+            f"{tuple(arr.shape)}"
+        )
+    count = math.prod(shape)
+    if len(data) - offset != count * dtype.itemsize:
+        raise MalformedArray(
+            f"array '{key}': {len(data) - offset} data bytes for {dtype} {tuple(shape)} "
+            f"(needs {count * dtype.itemsize})"
+        )
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    view = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    return view.copy(order="K")
+
+
 def to_numpy(record: ArrayRecord) -> Arrays:
-    """Named numpy arrays from an :class:`ArrayRecord`."""
-    return {key: arr.numpy() for key, arr in record.items()}
+    """Named numpy arrays from an :class:`ArrayRecord` (:func:`decode`: raises
+    :class:`MalformedArray` naming the first malformed key)."""
+    return {key: decode(key, arr) for key, arr in record.items()}
 
 
 def to_torch(record: ArrayRecord) -> dict[str, torch.Tensor]:
     """Named torch tensors from an :class:`ArrayRecord`."""
-    return {key: torch.from_numpy(arr.numpy()) for key, arr in record.items()}
+    return {key: torch.from_numpy(value) for key, value in to_numpy(record).items()}
 
 
 def payload_bytes(record: ArrayRecord) -> int:

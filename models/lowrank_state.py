@@ -236,27 +236,36 @@ def _in_order(
 
 def served_residual(
     full: Mapping[str, Tensor],
-    served: Mapping[str, Tensor],
+    tiers: Sequence[tuple[Mapping[str, Tensor], float, Mapping[str, float]]],
     layers: Mapping[str, tuple[int, ...]],
-    gains: Mapping[str, float] | None = None,
 ) -> dict[str, Tensor]:
-    """``W − U Vᵀ / g`` (float64) of every layer that ``served`` holds as factors.
+    """``Σ_t s_t (W − U_t V_tᵀ / g_t)`` (float64) of every layer some tier holds as factors.
 
-    ``full`` is the full-rank state a tier's ``served`` state was decomposed from
-    with ``gains`` (layer -> g, default 1); ``U Vᵀ`` is formed in float64 from the
-    float32 factors that were actually sent, so adding the residual to what the tier
-    returns (divided by g) gives back ``W`` exactly when the client returned what it
-    was served. Layers served full have no residual (served = global there) and are
-    not listed.
+    ``tiers`` lists ``(served, s, gains)``: the factorised state a tier was served,
+    decomposed from the full-rank state ``full`` with ``gains`` (layer -> g, default
+    1), and the tier's weight ``s``. Each ``U_t V_tᵀ`` is formed in float64 from the
+    float32 factors that were actually sent (one ``addmm`` per tier into one float64
+    matrix per layer), so adding the result to what the tiers return (divided by g)
+    gives back ``Σ_t s_t W`` exactly when every client returned what it was served.
+    Layers a tier got full have no residual there (served = global) and add nothing.
     """
     out: dict[str, Tensor] = {}
     for layer, shape in layers.items():
-        if lowrank_state_keys(layer, shape)[0] not in served:
+        acc: Tensor | None = None
+        share = 0.0
+        for served, weight, gains in tiers:
+            if lowrank_state_keys(layer, shape)[0] not in served:
+                continue
+            u, v = factors_from_state(served, layer, shape)
+            if acc is None:
+                acc = torch.zeros(_matrix_dims(shape), dtype=torch.float64)
+            acc.addmm_(u.double(), v.double().T, alpha=weight / gains.get(layer, 1.0))
+            share += weight
+        if acc is None:
             continue
-        u, v = factors_from_state(served, layer, shape)
         key = f"{layer}.weight"
-        product = reconstruct(u.double(), v.double(), shape) / (gains or {}).get(layer, 1.0)
-        out[key] = full[key].double() - product
+        product = acc if len(shape) == 2 else matrix_to_conv(acc, *shape[:3])
+        out[key] = full[key].double() * share - product
     return out
 
 

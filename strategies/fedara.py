@@ -294,12 +294,12 @@ class FedARA(HeteroStrategy):
             tier = self.tier(u.node)
             if tier[0] < 1:
                 shares[tier] = shares.get(tier, 0.0) + u.weight
-        full = self._extractor()
-        for tier, share in sorted(shares.items()):
-            served = self._extractor(self.served(tier))
-            gains = self.gains(tier)
-            for key, residual in served_residual(full, served, self.layer_shapes, gains).items():
-                mean[key] += share * residual
+        tiers = [
+            (self._extractor(self.served(tier)), share, self.gains(tier))
+            for tier, share in sorted(shares.items())
+        ]
+        for key, residual in served_residual(self._extractor(), tiers, self.layer_shapes).items():
+            mean[key] += residual
 
 
 def update_coherence(

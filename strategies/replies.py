@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from flwr.app import ConfigRecord, Message, MetricRecord
 
-from common.records import Arrays, to_numpy
+from common.records import Arrays, MalformedArray, to_numpy
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,10 @@ def train_upload(reply: Message, node: NodeInfo | None) -> tuple[Upload | None, 
         return None, f"bad num-examples {content.metric_records['metrics'].get('num-examples')!r}"
     if node.num_train > 0 and num != node.num_train:
         return None, f"num-examples {num:g} != the node's reported num-train {node.num_train}"
-    arrays = to_numpy(content.array_records["arrays"])
+    try:
+        arrays = to_numpy(content.array_records["arrays"])
+    except MalformedArray as exc:
+        return None, str(exc)
     return Upload(node=node, arrays=arrays, num_examples=int(num), metrics=metrics), None
 
 

@@ -24,8 +24,8 @@ from tests.support import client_context, run_inprocess
 LAYERS = "fc1,fc2"
 
 
-def tier_node(nid: int, pid: int, ratio: float):  # type: ignore[no-untyped-def]
-    return node(nid, pid, **{"rank-ratio": ratio, "layers": LAYERS})
+def tier_node(nid: int, pid: int, ratio: float, layers: str = LAYERS):  # type: ignore[no-untyped-def]
+    return node(nid, pid, **{"rank-ratio": ratio, "layers": layers})
 
 
 class StubGrid:
@@ -36,10 +36,10 @@ class StubGrid:
         return self.ids
 
 
-def fedara(ratios: list[float], **cfg) -> FedARA:  # type: ignore[no-untyped-def]
+def fedara(ratios: list[float], layers: str = LAYERS, **cfg) -> FedARA:  # type: ignore[no-untyped-def]
     """The rule tests check each aggregation rule as the paper states it (server step
     η = 1) unless they set ``fedara.server-lr`` themselves."""
-    nodes = [tier_node(100 + i, i, r) for i, r in enumerate(ratios)]
+    nodes = [tier_node(100 + i, i, r, layers) for i, r in enumerate(ratios)]
     s = strategy(FedARA, nodes, **{"fedara.server-lr": 1.0, **cfg})
     s.global_arrays = s.init_global()
     return s
@@ -199,10 +199,13 @@ def test_energy_scale_serves_g_times_the_truncation_with_the_full_norm() -> None
         np.testing.assert_allclose(product, g * truncated, rtol=1e-3, atol=1e-5)
 
 
-def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
+@pytest.mark.parametrize("layers", [LAYERS, "conv2,fc1"])
+def test_replying_what_was_served_is_a_fixed_point_of_delta_only(layers: str) -> None:
     """Every node returns exactly its tier's factors: ``delta`` keeps the global (to
     float tolerance); ``reconstruct`` replaces it by the mean of the truncations,
-    shrinking every direction a low tier cannot hold (documented, not a bug)."""
+    shrinking every direction a low tier cannot hold (documented, not a bug). With a
+    conv layer factorised too (its factors are conv weights; the residual goes back
+    through the conv layout)."""
     moved = {}
     rules = (
         ("delta", "none"),
@@ -212,7 +215,7 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
     )
     for rule, scale in rules:
         cfg = {"fedara.aggregation": rule, "fedara.served-scale": scale}
-        s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], **cfg)
+        s = fedara([1.0, 0.5, 0.25, 0.125, 0.0625], layers, **cfg)
         old = {k: v.copy() for k, v in s.global_arrays.items()}
         sized(s, {nid: 40 + nid for nid in s.nodes})
         replies = [reply(nid, s.payload(1, s.nodes[nid]), 40 + nid) for nid in sorted(s.nodes)]
@@ -220,16 +223,10 @@ def test_replying_what_was_served_is_a_fixed_point_of_delta_only() -> None:
         got = to_numpy(arrays)
         w = "extractor.fc1.weight"
         moved[rule + scale] = float(np.linalg.norm(got[w] - old[w]) / np.linalg.norm(old[w]))
-        if rule != "reconstruct":
-            for k in old:
-                np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
-        else:
-            for k in old:
-                if not k.endswith(".weight") or k.removesuffix(".weight") not in (
-                    "extractor.fc1",
-                    "extractor.fc2",
-                ):
-                    np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6)
+        factorised = {f"extractor.{name}.weight" for name in layers.split(",")}
+        for k in old:
+            if rule != "reconstruct" or k not in factorised:
+                np.testing.assert_allclose(got[k], old[k], rtol=0, atol=2e-6, err_msg=k)
     assert max(moved["deltanone"], moved["deltaenergy"], moved["coverageenergy"]) < 1e-6
     assert moved["reconstructnone"] > 0.3  # a fresh fc1 loses most of its energy
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flwr.app import Array
 
 from common.records import to_numpy
 from strategies.fedara import FedARA
@@ -31,6 +32,18 @@ def test_a_reply_in_another_dtype_is_rejected_and_the_global_stays_float32(dtype
     assert all(v.dtype == np.float32 for v in got.values())
     np.testing.assert_allclose(got["head.bias"], 0.7, rtol=1e-6)
     assert [(n, why.split(" ")[0]) for _, n, why in s.rejected] == [(10, "dtype")]
+
+
+def test_a_reply_whose_array_bytes_are_not_npy_is_rejected_not_a_crash() -> None:
+    """Undecodable bytes used to raise out of ``aggregate_train`` and stop the run."""
+    s = _lg()
+    hostile = reply(10, _head(0.0), 100)
+    record = hostile.content.array_records["arrays"]
+    record["head.bias"] = Array(dtype="float32", shape=(10,), stype="numpy.ndarray", data=b"\x93N")
+    arrays, _ = s.aggregate_train(1, [hostile, reply(11, _head(0.7), 100)])
+    np.testing.assert_allclose(to_numpy(arrays)["head.bias"], 0.7, rtol=1e-6)
+    assert len(s.rejected) == 1 and s.rejected[0][1] == 10
+    assert "'head.bias'" in s.rejected[0][2] and "not a .npy payload" in s.rejected[0][2]
 
 
 def test_an_inflated_sample_count_is_rejected() -> None:

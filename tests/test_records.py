@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import Array, ConfigRecord, RecordDict
+from numpy.lib import format as npy
 
 from common.records import (
+    MalformedArray,
     capped_shares,
     content_bytes,
+    decode,
     invalid_reason,
     payload_bytes,
     to_numpy,
@@ -102,3 +105,54 @@ def test_capped_shares(weights: list[float], cap: float, want: list[float]) -> N
 def test_only_the_served_dtype_is_accepted(value: np.ndarray, reason: str) -> None:
     assert reason in str(invalid_reason({"w": value}, {"w": (2, 3)}))
     assert invalid_reason({"w": value.real.astype(np.float32)}, {"w": (2, 3)}) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.arange(6, dtype=">i4").reshape(2, 3),
+        np.array(3.5, np.float32),
+        np.zeros((0, 5), np.float32),
+        np.array([True, False]),
+        np.arange(10, dtype=np.int8)[::3],
+    ],
+)
+def test_decode_equals_flowers_np_load_and_is_writable(value: np.ndarray) -> None:
+    arr = Array(value)
+    got, want = decode("w", arr), arr.numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.flags.f_contiguous == want.flags.f_contiguous
+    np.testing.assert_array_equal(got, want)
+    got[...] = 0  # a copy, not a view of the message's bytes
+    np.testing.assert_array_equal(decode("w", arr), want)
+
+
+def _npy(value: np.ndarray) -> bytes:
+    return Array(value).data
+
+
+@pytest.mark.parametrize(
+    "dtype, shape, data, why",
+    [
+        ("float32", (3,), b"garbage", "not a .npy payload"),
+        ("float32", (3,), _npy(np.zeros(3, np.float32))[:-1], "11 data bytes"),
+        ("float32", (3,), _npy(np.zeros(3, np.float32)) + b"\0" * 4, "16 data bytes"),
+        ("float32", (4,), _npy(np.zeros(3, np.float32)), "!= declared"),
+        ("float64", (3,), _npy(np.zeros(3, np.float32)), "!= declared"),
+        ("object", (2,), b"", "object dtype"),
+    ],
+)
+def test_decode_names_the_key_of_a_malformed_payload(
+    dtype: str, shape: tuple[int, ...], data: bytes, why: str
+) -> None:
+    if dtype == "object":  # a pickled object array: its header must stop it
+        buffer = __import__("io").BytesIO()
+        npy.write_array(buffer, np.array([1, "x"], dtype=object), allow_pickle=True)
+        data = buffer.getvalue()
+    arr = Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
+    with pytest.raises(MalformedArray, match=f"'head.weight'.*{why}"):
+        decode("head.weight", arr)
+    with pytest.raises(MalformedArray, match="'head.weight'"):
+        to_numpy({"head.weight": arr})  # type: ignore[arg-type]
