@@ -3,8 +3,8 @@
 1. Server: ``configure_train`` (one decomposition per distinct tier) + ``aggregate_train``
    (reconstruction + sample-weighted mean) with 10, 100 and 1000 simulated client
    replies spread round-robin over the 5 default tiers (cnn-1 extractor), rounds 1
-   and 2, under each ``fedara.truncation``. Median of 3 repetitions, torch with 2
-   threads (the machine's cores).
+   and 2, under each ``fedara.truncation``. Median of 5 repetitions (3 for 1000
+   clients), torch with 2 threads (the machine's cores).
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
    (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread;
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
-def server_time(num_clients: int, truncation: str = "svd", repeats: int = 3) -> dict:
+def server_time(num_clients: int, truncation: str = "svd", repeats: int = 0) -> dict:
     """Two rounds of the server (the second is where ``fedara.truncation=tracked``
     iterates from the first round's basis instead of computing an SVD)."""
     import numpy as np
@@ -40,6 +40,7 @@ def server_time(num_clients: int, truncation: str = "svd", repeats: int = 3) -> 
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    repeats = repeats or (5 if num_clients <= 100 else 3)
 
     from common.config import parse_run_config
     from strategies.base import NodeInfo

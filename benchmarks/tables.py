@@ -101,7 +101,8 @@ def fedara_cost_section() -> str:
         "with the decompositions + aggregate_train with the default rule `coverage`: "
         "reconstruction, weighted mean, served residuals, per-direction normalisation), "
         "replies spread round-robin over the 5 default tiers "
-        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 3, 2 cores" + measured + ".",
+        "(CNN-1 extractor, fc1 and fc2 decomposed), median of 5 (3 at 1000 replies), "
+        "2 cores" + measured + ".",
         "",
         "Round 1 decomposes with a truncated SVD under either `fedara.truncation`; "
         "round 2 is where `tracked` takes one subspace-iteration step instead.",
