@@ -191,6 +191,19 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fedara-tracked-lambda0", {"algorithm": "fedara", "fedara.lambda": 0.0}),
         Spec("fedara-tracked-slr1", {"algorithm": "fedara", "fedara.server-lr": 1.0}),
         variant("fedara-tracked-paper-regime", "fedara", **PAPER_REGIME),
+        *(
+            variant(f"fedara-tracked-lambda{lam:g}", "fedara", fedara__lambda=lam)
+            for lam in (0.5, 10.0)
+        ),
+        Spec(
+            "fedara-tracked-star",
+            {
+                "algorithm": "fedara",
+                "model.family": "fedavgcnn",
+                "fedara.rank-tiers": "0.5",
+                "fedara.lambda": 10.0,
+            },
+        ),
     ],
     "fedlora": [
         Spec("fedlora", {"algorithm": "fedlora"}),
