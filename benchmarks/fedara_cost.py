@@ -4,7 +4,9 @@
    (reconstruction + sample-weighted mean) with 10, 100 and 1000 simulated client
    replies spread round-robin over the 5 default tiers (cnn-1 extractor), rounds 1
    and 2, under each ``fedara.truncation``. Median of 5 repetitions (3 for 1000
-   clients), torch with 2 threads (the machine's cores).
+   clients), torch with 2 threads (the machine's cores, the default), and at 100
+   replies with 1 (``server-threads = 1``); the time of each phase as the strategy
+   reports it.
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
    (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread;
@@ -31,9 +33,14 @@ sys.path.insert(0, str(ROOT))
 TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
-def server_time(num_clients: int, truncation: str = "svd", repeats: int = 0) -> dict:
+def server_time(
+    num_clients: int, truncation: str = "svd", repeats: int = 0, threads: int = 2
+) -> dict:
     """Two rounds of the server (the second is where ``fedara.truncation=tracked``
-    iterates from the first round's basis instead of computing an SVD)."""
+    iterates from the first round's basis instead of computing an SVD), with
+    ``threads`` torch threads (``server-threads``; 2 = every core here, the default);
+    the phases of each round as the strategy times them (``server-phases-s``), and
+    what is left of aggregate_train: decoding and checking the replies."""
     import numpy as np
     import torch
     from flwr.app import ArrayRecord, ConfigRecord
@@ -47,7 +54,7 @@ def server_time(num_clients: int, truncation: str = "svd", repeats: int = 0) -> 
     from strategies.fedara import FedARA
     from tests.replies import reply
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     nodes = [
         NodeInfo(
             node_id=100 + i,
@@ -77,6 +84,7 @@ def server_time(num_clients: int, truncation: str = "svd", repeats: int = 0) -> 
     configure: dict[int, list[float]] = {1: [], 2: []}
     aggregate: dict[int, list[float]] = {1: [], 2: []}
     svds = []
+    phases: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     rng = np.random.default_rng(0)
     cfg: dict[str, str | int] = {
         "algorithm": "fedara",
@@ -106,12 +114,18 @@ def server_time(num_clients: int, truncation: str = "svd", repeats: int = 0) -> 
                 raise SystemExit(f"fedara_cost: replies rejected: {s.rejected[:3]}")
             configure[rnd].append(t1 - t0)
             aggregate[rnd].append(t3 - t2)
+            timed = dict(s.diagnostics["server-phases-s"])
+            timed["decode-check"] = (t3 - t2) - sum(v for k, v in timed.items() if k != "decompose")
+            phases[rnd].append(timed)
             times[rnd].append((t1 - t0) + (t3 - t2))
         svds.append(s.decompositions.get(0, 0))
     med = statistics.median
     return {
         "clients": num_clients,
         "truncation": truncation,
+        "threads": threads,
+        "phases-s": {k: med(p[k] for p in phases[1]) for k in phases[1][0]},
+        "phases-s-round2": {k: med(p[k] for p in phases[2]) for k in phases[2][0]},
         "server-s": med(times[1]),
         "configure-s": med(configure[1]),
         "aggregate-s": med(aggregate[1]),
@@ -224,6 +238,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fedara-cost.json")
     ap.add_argument("--clients", default="10,100,1000")
     ap.add_argument(
+        "--threads",
+        default="2,1",
+        help="server torch threads to time (2: every core here, the default; 1: "
+        "server-threads=1); the second and later only at 100 replies",
+    )
+    ap.add_argument(
         "--server-only",
         action="store_true",
         help="time the server only; keep the per-tier rows of an existing --out file",
@@ -235,10 +255,14 @@ def main() -> None:
             raise SystemExit(f"--server-only: {args.out} does not exist (run without it first)")
         doc = json.loads(args.out.read_text())
     server = []
-    for n in (int(c) for c in args.clients.split(",")):
-        for truncation in ("svd", "tracked"):
-            server.append(server_time(n, truncation))
-            print(json.dumps(server[-1]), flush=True)
+    threads = [int(t) for t in args.threads.split(",")]
+    for th in threads:
+        for n in (int(c) for c in args.clients.split(",")):
+            if th != threads[0] and n != 100:
+                continue
+            for truncation in ("svd", "tracked"):
+                server.append(server_time(n, truncation, threads=th))
+                print(json.dumps(server[-1]), flush=True)
     doc["server"] = server
     doc["server-measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if not args.server_only:

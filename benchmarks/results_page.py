@@ -37,7 +37,7 @@ MAIN = [
     "fml",
     "fedlora",
     "fedara",
-    "fedara-star",
+    "fedara-tracked-star",
 ]
 """The rows of the all-methods tables (each with its run-config defaults, but the one
 FedRE variant that is FedRE's best measured setting, labelled as such)."""
@@ -47,6 +47,9 @@ LABELS = {
     "fedara-svd": "fedara, truncation=svd (the earlier default)",
     "fedara-tracked-lambda0": "fedara λ=0 (tracked)",
     "fedara-tracked-slr1": "fedara, η=1 (tracked)",
+    "fedara-tracked-lambda0.5": "fedara λ=0.5 (tracked)",
+    "fedara-tracked-lambda10": "fedara λ=10 (tracked)",
+    "fedara-tracked-star": "FedARA* (fedavgcnn, r=0.5, λ=10, tracked)",
     "fedara-tracked-paper-regime": "fedara, 5 epochs / batch 16 / lr 0.005 (tracked)",
     "fedara-slr1": "fedara, server step η=1 (the paper)",
     "fedara-slr2": "fedara, η=2",
@@ -450,7 +453,7 @@ def suite_section(suite: str) -> str:
             shared = [n for n in rows if n not in ("local",)][:4]
             out += image(plot_without_shared(suite, regime, shared), suite, DOCS)
         if suite == "fedara":
-            tiered = [n for n in rows if n.startswith("fedara") and n != "fedara-star"]
+            tiered = [n for n in rows if n.startswith("fedara") and not n.endswith("-star")]
             tiers = tier_table(regime, ["local", *tiered])
             if tiers:
                 out += ["Accuracy of the clients of each tier (partition id mod 5; last round, "

@@ -102,14 +102,15 @@ def fedara_cost_section() -> str:
         "reconstruction, weighted mean, served residuals, per-direction normalisation), "
         "replies spread round-robin over the 5 default tiers "
         "(CNN-1 extractor, fc1 and fc2 decomposed), median of 5 (3 at 1000 replies), "
-        "2 cores" + measured + ".",
+        "2 cores, the server's torch threads as in the `threads` column (2: every core, "
+        "the default `server-threads = 0`; 1: `server-threads = 1`)" + measured + ".",
         "",
         "Round 1 decomposes with a truncated SVD under either `fedara.truncation`; "
         "round 2 is where `tracked` takes one subspace-iteration step instead.",
         "",
-        "| client replies | truncation | server s / round (round 1) | decompose (configure) s "
-        "| aggregate s | server s / round (round 2) | decompose s (round 2) |",
-        "|---|---|---|---|---|---|---|",
+        "| client replies | threads | truncation | server s / round (round 1) | decompose "
+        "(configure) s | aggregate s | server s / round (round 2) | decompose s (round 2) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["server"]:
         second = (
@@ -118,9 +119,28 @@ def fedara_cost_section() -> str:
             else "– | –"
         )
         lines.append(
-            f"| {r['clients']} | {r.get('truncation', 'svd')} | {r['server-s']:.2f} | "
-            f"{r['configure-s']:.2f} | {r['aggregate-s']:.2f} | {second} |"
+            f"| {r['clients']} | {r.get('threads', 2)} | {r.get('truncation', 'svd')} | "
+            f"{r['server-s']:.2f} | {r['configure-s']:.2f} | {r['aggregate-s']:.2f} | "
+            f"{second} |"
         )
+    phased = [r for r in doc["server"] if "phases-s-round2" in r and r["clients"] == 100]
+    if phased:
+        names = ["decompose", "decode-check", "diagnostics", "reconstruct", "residuals"]
+        names += ["normalise", "step"]
+        lines += [
+            "",
+            "Where the 100-reply round goes (seconds, medians over the repetitions, "
+            "as the strategy times its phases, `server-diagnostics.server-phases-s` in "
+            "results.json; `decode-check`: the rest of aggregate_train, decoding and "
+            "checking the replies):",
+            "",
+            "| threads | truncation | round | " + " | ".join(names) + " |",
+            "|---|---|---|" + "---|" * len(names),
+        ]
+        for r in phased:
+            for rnd, key in ((1, "phases-s"), (2, "phases-s-round2")):
+                cells = " | ".join(f"{r[key].get(n, 0.0):.3f}" for n in names)
+                lines.append(f"| {r['threads']} | {r['truncation']} | {rnd} | {cells} |")
     lines += [
         "",
         "Per tier (Fashion-MNIST partition 0 of 20, 2,625 training samples, batch "

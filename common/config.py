@@ -294,6 +294,9 @@ class RunConfig(_Section):
     """Largest share any one reply may have in a weighted mean (1: off)."""
     round_timeout: float = Field(3600.0, gt=0)
     eval_every: int = Field(1, ge=1)
+    server_threads: int = Field(0, ge=0)
+    """Torch intra-op threads of the ServerApp process (the server's decompositions,
+    reconstructions and head training); 0 = torch's default, every core."""
     seed: int = Field(0, ge=0)
     out_dir: str = "~/fedhet-runs/{algorithm}-{timestamp}"
     resume: str = ""

@@ -54,9 +54,8 @@ __all__ = [
 def torch_threads(n: int) -> Iterator[None]:
     """Run a block with ``n`` torch intra-op threads (restored after).
 
-    The server's SVDs and reconstructions are medium-sized LAPACK/BLAS calls: with
-    several threads on a loaded machine (clients training beside the server) they
-    were ten times slower than with one, so the server uses one.
+    Used where threads only add overhead (thousands of tiny steps), and where a
+    block must run with a set count whatever the process's setting is.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -315,7 +314,9 @@ def _qr_positive(m: Tensor) -> tuple[Tensor, Tensor]:
     return q * signs, r * signs[:, None]
 
 
-def tracked_basis(weight: Tensor, prev: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def tracked_basis(
+    weight: Tensor, prev: Tensor, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor, Tensor]:
     """One step of block subspace iteration from a previous basis: nested leading
     subspaces that follow the weight's spectrum without jumping between rounds.
 
@@ -333,11 +334,15 @@ def tracked_basis(weight: Tensor, prev: Tensor) -> tuple[Tensor, Tensor, Tensor]
     the spectrum has a gap the iteration converges to the leading singular subspace
     at rate (σ_{r+1}/σ_r)² per call; where it is flat the subspace stays put, while a
     fresh truncated SVD may pick an unrelated one.
+
+    Computed in ``dtype`` (the server uses float32, half the time of float64: the
+    QRs re-orthonormalise the basis on every call, so rounding does not accumulate
+    across rounds, and what a tier is served is float32 anyway).
     """
-    w = _as_matrix(weight.detach()).to(torch.float64)
+    w = _as_matrix(weight.detach()).to(dtype)
     tall = w.shape[0] >= w.shape[1]
     a = w if tall else w.T
-    prev = prev.to(torch.float64)
+    prev = prev.to(dtype)
     if prev.shape[0] != a.shape[1] or not 1 <= prev.shape[1] <= a.shape[1]:
         raise ValueError(
             f"basis of shape {tuple(prev.shape)} does not fit a {tuple(w.shape)} matrix"

@@ -269,7 +269,9 @@ def served_residual(
     return out
 
 
-def coverage_normalised(delta: Tensor, svd: Svd, cover: Tensor, tail: float) -> Tensor:
+def coverage_normalised(
+    delta: Tensor, svd: Svd, cover: Tensor, tail: float, dtype: torch.dtype = torch.float64
+) -> Tensor:
     """Divide each singular direction's share of an aggregated update by the weight
     of the clients that could change it.
 
@@ -283,19 +285,25 @@ def coverage_normalised(delta: Tensor, svd: Svd, cover: Tensor, tail: float) -> 
     entry ``(i, j)`` is divided by ``cover[min(i, j)]``; directions outside both
     leading bases by ``tail``. Weight 0 gives 0 (nobody could change it).
     With ``cover ≡ tail ≡ 1`` the result is ``delta``.
+
+    The result is float64; the four products of ``delta``'s size that project it
+    onto the basis and back run in ``dtype`` (the server uses float32, half the
+    time: they make a correction to an update, whose rounding at 1e-7 of that
+    update is far below the float32 global weights it is added to).
     """
     shape = tuple(delta.shape)
     d = _as_matrix(delta).double()
     p, _, qt = svd
-    p, q = p.double(), qt.double().T
+    p, q = p.to(dtype), qt.to(dtype).T
     k = p.shape[1]
-    inv = torch.where(cover > 0, 1 / cover.double().clamp(min=1e-300), 0.0)[:k]
+    inv = torch.where(cover > 0, 1 / cover.double().clamp(min=1e-300), 0.0)[:k].to(dtype)
     inv_tail = 1 / tail if tail > 0 else 0.0
     # d = PAQᵀ-block + P·(rows of A off Q) + (cols of B off P)·Qᵀ + the rest; each
     # block scaled, then collected as inv_tail·d + P X + (Y + P Z) Qᵀ (four products
     # of d's size instead of eight)
-    a = p.T @ d  # [k, cols]
-    b = d @ q  # [rows, k]
+    dd = d.to(dtype)
+    a = p.T @ dd  # [k, cols]
+    b = dd @ q  # [rows, k]
     core = a @ q  # [k, k]
     idx = torch.arange(k)
     grid = inv[torch.minimum(idx[:, None], idx[None, :])]
@@ -303,9 +311,10 @@ def coverage_normalised(delta: Tensor, svd: Svd, cover: Tensor, tail: float) -> 
     x = extra[:, None] * a
     z = core * grid - inv[:, None] * core - core * inv[None, :] + inv_tail * core
     y = b * extra[None, :] + p @ z
+    correction = p @ x
+    correction.addmm_(y, q.T)
     out = d * inv_tail
-    out.addmm_(p, x)
-    out.addmm_(y, q.T)
+    out += correction
     if len(shape) == 4:
         out = matrix_to_conv(out, shape[0], shape[1], shape[2])
     return out

@@ -6,6 +6,7 @@ import time
 from logging import ERROR, INFO
 from pathlib import Path
 
+import torch
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
@@ -53,6 +54,8 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
             raise ConfigError(f"fedhet: {exc}") from None
     else:
         out_dir = cfg.resolved_out_dir(time.strftime("%Y%m%d-%H%M%S"))
+    if cfg.server_threads:
+        torch.set_num_threads(cfg.server_threads)
     strategy = STRATEGIES[cfg.algorithm](cfg)
     if simulation:
         strategy.clients_dir = str(out_dir / "clients")

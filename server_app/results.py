@@ -18,6 +18,7 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -255,6 +256,7 @@ class Recorded(Strategy):
                 "bytes-up-total": sum(r["bytes-up"] for r in self.rounds),
                 "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
                 "wall-time-s": self.wall_time(),
+                "server-threads": torch.get_num_threads(),
                 "rejected-replies": [
                     {"round": r, "node-id": n, "reason": why} for r, n, why in self.inner.rejected
                 ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,6 @@ from models.lowrank import (
     factorisable_layers,
     layer_rank,
     top_svd,
-    torch_threads,
     tracked_basis,
 )
 from models.lowrank_state import (
@@ -89,6 +89,8 @@ class FedARA(HeteroStrategy):
         """Layer -> the basis of this global state (becomes ``_tracked`` with the next)."""
         self._cores: dict[str, torch.Tensor] = {}
         """Layer -> the core C of this global state's tracked basis (tracked only)."""
+        self._decompose_s = 0.0
+        """Seconds spent decomposing this global state (reported with its aggregation)."""
 
     def extra_state(self) -> dict[str, Any]:
         return {
@@ -130,26 +132,23 @@ class FedARA(HeteroStrategy):
             if ratio >= 1:
                 self._served[tier] = self.global_arrays
             else:
+                t0 = time.perf_counter()
                 wanted = {name: self.layer_shapes[name] for name in layers}
                 extractor = self._extractor()
-                with torch_threads(1):
-                    for name, shape in wanted.items():
-                        cached = self._svds.get(name)
-                        if cached is None or cached[1].numel() < layer_rank(shape, ratio):
-                            # one per layer, deep enough for every tier of the known nodes
-                            depth = max(
-                                layer_rank(shape, t) for t in self.ratios_below_one() | {ratio}
-                            )
-                            self._svds[name] = self._basis(name, extractor[f"{name}.weight"], depth)
-                            self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
-                    gains = self._tier_gains(extractor, wanted, ratio)
-                    svds = {
-                        name: self._tier_svd(name, shape, ratio) for name, shape in wanted.items()
-                    }
-                    state = decompose_state(extractor, wanted, ratio, svds, gains)
-                    self._gains[tier] = gains
+                for name, shape in wanted.items():
+                    cached = self._svds.get(name)
+                    if cached is None or cached[1].numel() < layer_rank(shape, ratio):
+                        # one per layer, deep enough for every tier of the known nodes
+                        depth = max(layer_rank(shape, t) for t in self.ratios_below_one() | {ratio})
+                        self._svds[name] = self._basis(name, extractor[f"{name}.weight"], depth)
+                        self.svd_calls[self.version] = self.svd_calls.get(self.version, 0) + 1
+                gains = self._tier_gains(extractor, wanted, ratio)
+                svds = {name: self._tier_svd(name, shape, ratio) for name, shape in wanted.items()}
+                state = decompose_state(extractor, wanted, ratio, svds, gains)
+                self._gains[tier] = gains
                 self._served[tier] = {EXTRACTOR + k: v.numpy() for k, v in state.items()}
                 self.decompositions[self.version] = self.decompositions.get(self.version, 0) + 1
+                self._decompose_s += time.perf_counter() - t0
         return self._served[tier]
 
     def _basis(self, name: str, weight: torch.Tensor, depth: int) -> Svd:
@@ -157,10 +156,11 @@ class FedARA(HeteroStrategy):
         ``(P, e^½, Qᵀ)`` with ``Σ_{i<r} e_i`` the energy of the rank-r truncation:
         the truncated SVD (``fedara.truncation = svd``, and the first decomposition
         under ``tracked``) or one subspace-iteration step from the previous
-        decomposition's basis (``tracked``)."""
+        decomposition's basis (``tracked``, in float32: what the tiers are served is
+        float32, and the delta and coverage rules use the factors actually sent)."""
         prev = self._tracked.get(name)
         if self.cfg.fedara.truncation == "tracked" and prev is not None and prev.shape[1] >= depth:
-            p, core, q = tracked_basis(weight, prev[:, :depth])
+            p, core, q = tracked_basis(weight, prev[:, :depth], dtype=torch.float32)
             self._cores[name] = core
             svd = (p, core_energies(core).sqrt(), q.T)
         else:
@@ -202,19 +202,34 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
+        phases = {"decompose": 0.0}
+        clock = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            phases[name] = phases.get(name, 0.0) + now - clock
+            clock = now
+
         states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.weight for u in uploads]
         # each reply's factor product back on the global's scale: divided by its gain
         scales = [
             {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
         ]
+        phases["decompose"] = self._decompose_s  # every tier of this state, incl. here
+        clock = time.perf_counter()
         self.diagnostics = self.spectrum_diagnostics()
         self.diagnostics["update-coherence"] = update_coherence(self._extractor(), states, weights)
+        lap("diagnostics")
         mean = weighted_reconstruction(states, weights, self.layer_shapes, product_scales=scales)
+        lap("reconstruct")
         if self.cfg.fedara.aggregation in ("delta", "coverage"):
             self._add_served_residuals(mean, uploads)
+            lap("residuals")
         if self.cfg.fedara.aggregation == "coverage":
             self._normalise_by_coverage(mean, uploads)
+            lap("normalise")
         eta = self.cfg.fedara.server_lr
         if eta != 1.0:
             full = self._extractor()
@@ -223,6 +238,7 @@ class FedARA(HeteroStrategy):
                 mean[key] = before + eta * (value.double() - before)
         # a new global state: decompose again on demand
         self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
+        self._decompose_s = 0.0
         self._tracked.update(self._current)
         self._current = {}
         self.version += 1
@@ -234,6 +250,8 @@ class FedARA(HeteroStrategy):
             layer: relative_change(new, self.global_arrays, f"{EXTRACTOR}{layer}.weight")
             for layer in self.layer_shapes
         }
+        lap("step")
+        self.diagnostics["server-phases-s"] = phases
         return new
 
     def spectrum_diagnostics(self) -> dict[str, Any]:
@@ -254,7 +272,8 @@ class FedARA(HeteroStrategy):
                 out["energy"][key] = float(s[:r].square().sum()) / max(total, 1e-30)
                 prev = self._bases.get(name)
                 if prev is not None and prev.shape[1] >= r:
-                    out["overlap"][key] = float((prev[:, :r].T @ p[:, :r]).square().sum()) / r
+                    cross = prev[:, :r].T.double() @ p[:, :r].double()
+                    out["overlap"][key] = float(cross.square().sum()) / r
             self._bases[name] = p
         return dict(out)
 
@@ -284,7 +303,8 @@ class FedARA(HeteroStrategy):
                     cover[: layer_rank(shape, ratio)] += w
             key = f"{name}.weight"
             before = full[key].double()
-            mean[key] = before + coverage_normalised(mean[key] - before, svd, cover, tail)
+            step = coverage_normalised(mean[key] - before, svd, cover, tail, torch.float32)
+            mean[key] = before + step
 
     def _add_served_residuals(self, mean: dict[str, torch.Tensor], uploads: list[Upload]) -> None:
         """``mean += Σ_t w_t (W − U_t V_tᵀ)`` over the truncated tiers that replied

@@ -107,8 +107,15 @@ def test_same_seed_same_metrics_through_ray(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("algorithm", ["fedtgp", "fedkd", "fml"])
 def test_strongest_baselines_run_through_flwr(tmp_path: Path, algorithm: str) -> None:
-    """The three heterogeneous baselines, 2 rounds each, on the main job's settings."""
-    overrides = {**_common(tmp_path), "num-server-rounds": 2, "algorithm": algorithm}
+    """The three heterogeneous baselines, 2 rounds each, on the main job's settings;
+    the ServerApp runs with the ``server-threads`` asked for (3: nobody's default on
+    this machine) and records it."""
+    overrides = {
+        **_common(tmp_path),
+        "num-server-rounds": 2,
+        "algorithm": algorithm,
+        "server-threads": 3,
+    }
     outcome = run_simulation(
         ROOT, overrides, num_supernodes=3, flwr_home=tmp_path / "flwr", timeout=600
     )
@@ -116,6 +123,7 @@ def test_strongest_baselines_run_through_flwr(tmp_path: Path, algorithm: str) ->
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["valid-replies"] for r in res["rounds"]] == [3, 3]
     assert res["summary"]["accuracy-last"] > res["summary"]["accuracy-prior"] - 0.2
+    assert res["summary"]["server-threads"] == 3
 
 
 class _Killed(Exception):

@@ -451,33 +451,41 @@ def _spectrum(rows: int, cols: int, values: torch.Tensor, seed: int) -> torch.Te
     return p[:, :k] * values @ q[:, :k].T
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shape", [(60, 20), (20, 60), (12, 4, 3, 3)])
-def test_tracked_basis_is_an_exact_nested_projection(shape: tuple[int, ...]) -> None:
+def test_tracked_basis_is_an_exact_nested_projection(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
     """P, Q orthonormal; for every r the truncation P_r C[:r,:r] Q_rᵀ is the
     projection of W onto the first r tracked directions, core_energies sums to its
-    energy and core_svd is its exact SVD."""
+    energy and core_svd is its exact SVD; in float64, and in float32 (the server's
+    setting) to float32 rounding."""
     from models.lowrank import conv_to_matrix, core_energies, core_svd, tracked_basis
 
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(*shape, generator=gen, dtype=torch.float64)
-    m = conv_to_matrix(w) if len(shape) == 4 else w
+    m = (conv_to_matrix(w) if len(shape) == 4 else w).to(dtype)
     tall = m.shape[0] >= m.shape[1]
     prev, _ = torch.linalg.qr(torch.randn(min(m.shape), 8, generator=gen, dtype=torch.float64))
-    p, core, q = tracked_basis(w, prev)
-    eye = torch.eye(8, dtype=torch.float64)
-    torch.testing.assert_close(p.T @ p, eye)
-    torch.testing.assert_close(q.T @ q, eye)
+    p, core, q = tracked_basis(w, prev, dtype)
+    assert p.dtype == core.dtype == q.dtype == dtype
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+    eye = torch.eye(8, dtype=dtype)
+    torch.testing.assert_close(p.T @ p, eye, **tol)
+    torch.testing.assert_close(q.T @ q, eye, **tol)
     for r in (1, 3, 8):
         proj = m @ q[:, :r] @ q[:, :r].T if tall else p[:, :r] @ p[:, :r].T @ m
-        torch.testing.assert_close(p[:, :r] @ core[:r, :r] @ q[:, :r].T, proj)
-        assert float(core_energies(core)[:r].sum()) == pytest.approx(float(proj.square().sum()))
+        torch.testing.assert_close(p[:, :r] @ core[:r, :r] @ q[:, :r].T, proj, **tol)
+        energy = float(core_energies(core)[:r].sum())
+        assert energy == pytest.approx(float(proj.square().sum()), rel=tol.get("rtol", 1e-6))
         a, s, bt = core_svd(p, core, q, r)
-        torch.testing.assert_close(a * s @ bt, proj)
-        torch.testing.assert_close(a.T @ a, torch.eye(r, dtype=torch.float64))
+        torch.testing.assert_close(a * s @ bt, proj, **tol)
+        torch.testing.assert_close(a.T @ a, torch.eye(r, dtype=dtype), **tol)
     # one power step: the first direction is orth(WᵀW prev_1) (tall) / orth(WWᵀ prev_1)
-    first = (m.T @ (m @ prev[:, 0])) if tall else (m @ (m.T @ prev[:, 0]))
+    p0 = prev[:, 0].to(dtype)
+    first = (m.T @ (m @ p0)) if tall else (m @ (m.T @ p0))
     small = q if tall else p
-    torch.testing.assert_close(small[:, 0], first / first.norm())
+    torch.testing.assert_close(small[:, 0], first / first.norm(), **tol)
 
 
 @pytest.mark.parametrize("tall", [True, False])
