@@ -2,19 +2,22 @@
 in every row.
 
 20 clients (Fashion-MNIST ``data.fraction=0.05`` by default, about 150 training samples a
-client, so the 44 runs stay short; ``--fraction``), Dirichlet 0.5, 10 rounds, for fedavg
+client, so the 48 runs stay short; ``--fraction``), Dirichlet 0.5, 10 rounds, for fedavg
 (``fedavgcnn``), lgfedavg, fedre and fedara (``cnn`` family). The runs go through the
 in-process grid of the tests (``tests/fakegrid.py``, the real ClientApp and ServerApp
 code, no Ray), whose fault hook turns the replies of 20 % of the clients (partitions
 0, 5, 10, 15) into a hostile kind every round; the hook is test-only code, not
 reachable from a run config. Rows: a clean run; NaN, a wrong shape, float64, int64, a
-huge num-examples, an empty reply, an error reply; those clients crashing (no reply);
+huge num-examples, array bytes that are no ``.npy`` payload, an empty reply, an error
+reply; those clients crashing (no reply);
 a straggler past ``round-timeout`` (its reply comes too late); the server killed at
 the start of round 5 and resumed. Columns: rounds completed, rejected replies by
 reason, whether the global state stayed finite, the final accuracy against the clean
 run's, and for the resumed row whether its per-round metrics equal the clean run's.
 
     python benchmarks/faults.py --out benchmarks/out/faults.json
+    # rerun some rows (or algorithms), keeping the others from --out
+    python benchmarks/faults.py --out docs/results/faults.json --rows "undecodable bytes"
 """
 
 from __future__ import annotations
@@ -79,6 +82,19 @@ def _error(reply: Any, request: Any) -> Any:
     return Message(Error(code=0, reason="injected failure"), reply_to=request)
 
 
+def _undecodable(reply: Any, request: Any) -> Any:
+    """The first array's bytes replaced by two bytes that are no ``.npy`` payload
+    (its declared dtype and shape kept)."""
+    from flwr.app import Array
+
+    if not reply.has_error():
+        record = reply.content.array_records["arrays"]
+        key = next(iter(record))
+        old = record[key]
+        record[key] = Array(dtype=old.dtype, shape=old.shape, stype=old.stype, data=b"\x93N")
+    return reply
+
+
 def _first_shape_broken(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     key = next(iter(arrays))
     return {**arrays, key: np.zeros((*arrays[key].shape, 2), np.float32)}
@@ -90,6 +106,7 @@ FAULTS: dict[str, Fault] = {
     "float64": _replace_arrays(lambda a: {k: v.astype(np.float64) for k, v in a.items()}),
     "int64": _replace_arrays(lambda a: {k: v.astype(np.int64) for k, v in a.items()}),
     "huge num-examples": _huge_count,
+    "undecodable bytes": _undecodable,
     "empty": _replace_arrays(lambda a: {}),
     "error": _error,
 }
@@ -165,7 +182,15 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
     }
 
 
-REASONS = ("non-finite", "dtype", "num-examples", "wrong keys", "wrong shape", "error reply")
+REASONS = (
+    "non-finite",
+    "not a .npy payload",
+    "dtype",
+    "num-examples",
+    "wrong keys",
+    "wrong shape",
+    "error reply",
+)
 
 
 def reason_kind(reason: str) -> str:
@@ -186,6 +211,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/faults.json")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--fraction", type=float, default=FRACTION, help="data.fraction")
+    ap.add_argument(
+        "--rows",
+        default="",
+        help="comma list of rows to (re)run (default: all); the others are kept from --out",
+    )
     args = ap.parse_args()
     task_identity()
     rows = [
@@ -195,11 +225,32 @@ def main() -> None:
         "straggler past round-timeout",
         "server killed at round 5, resumed",
     ]
+    wanted = [r for r in args.rows.split(",") if r] or rows
+    unknown = set(wanted) - set(rows)
+    if unknown:
+        raise SystemExit(f"unknown rows {sorted(unknown)}; rows: {rows}")
+    algorithms = args.algorithms.split(",")
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    if args.rows or set(algorithms) != set(ALGORITHMS):
+        # a partial run: what it does not rerun is kept from --out
+        if not args.out.exists():
+            raise SystemExit(f"{args.out} does not exist (run every row first)")
+        old = json.loads(args.out.read_text())
+        if old["fraction"] != args.fraction:
+            raise SystemExit(f"{args.out} was made with fraction {old['fraction']}")
+        kept = {(e["algorithm"], e["row"]): e for e in old["rows"]}
     table = []
     with tempfile.TemporaryDirectory() as tmp:
-        for algorithm in args.algorithms.split(","):
+        for algorithm in ALGORITHMS:
+            if algorithm not in algorithms:
+                table += [kept[(algorithm, r)] for r in rows if (algorithm, r) in kept]
+                continue
             clean = run_row(Path(tmp), algorithm, "clean", args.fraction)
             for row in rows:
+                if row not in wanted:
+                    if (algorithm, row) in kept:
+                        table.append(kept[(algorithm, row)])
+                    continue
                 got = clean if row == "clean" else run_row(Path(tmp), algorithm, row, args.fraction)
                 entry = {
                     "algorithm": algorithm,

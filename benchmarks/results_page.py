@@ -37,7 +37,7 @@ MAIN = [
     "fml",
     "fedlora",
     "fedara",
-    "fedara-tracked-star",
+    "fedara-star",
 ]
 """The rows of the all-methods tables (each with its run-config defaults, but the one
 FedRE variant that is FedRE's best measured setting, labelled as such)."""
@@ -138,6 +138,7 @@ ADDED = {
     "fedlora.lr": 0.0,
     "fedara.server-lr": 1.0,
     "fedara.truncation": "svd",
+    "server-threads": 0,
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")
