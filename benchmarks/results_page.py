@@ -37,7 +37,7 @@ MAIN = [
     "fml",
     "fedlora",
     "fedara",
-    "fedara-star",
+    "fedara-tracked-star",
 ]
 """The rows of the all-methods tables (each with its run-config defaults, but the one
 FedRE variant that is FedRE's best measured setting, labelled as such)."""
