@@ -250,7 +250,11 @@ def open_run(
 def resume(run: ClientRun, before: int) -> None:
     """Load the personal model this run starts from (:func:`client_app.state.pick`)."""
     path = run.state_path
-    saved = personal_state.load(path, before, run.lineage) if path is not None else None
+    saved = (
+        personal_state.load(path, before, run.lineage, run.cfg.carry_personal_state)
+        if path is not None
+        else None
+    )
     if saved is None:
         return
     model_state, rounds = saved

@@ -10,8 +10,11 @@ in ``context.state``. Files carry the run's lineage (a tag the server draws when
 run starts and keeps when it is resumed): a message of round ``t`` loads this run's
 newest file of an earlier round (training) or of round ``t`` at most (evaluation),
 so a round that is run again after a crash starts from exactly what the round
-before it left; a new run (no file of its own yet) continues from the newest file
-any earlier run left. The
+before it left. A new run starts fresh: files of other runs are never loaded, so two
+runs with the same seed give the same metrics on a reused node. With run-config
+``carry-personal-state = true`` a new run (no file of its own yet) continues instead
+from the newest file any earlier run left (a long-lived fleet that keeps its personal
+models across runs). The
 fingerprint covers every setting that changes the model's structure or meaning
 (algorithm, model.*, data.*, seed, the algorithm's own section, the architecture):
 change one and the node starts fresh instead of loading an incompatible model.
@@ -113,25 +116,28 @@ def save(
         old.path.unlink(missing_ok=True)
 
 
-def pick(found: list[Version], before: int | None, lineage: str) -> Version | None:
+def pick(
+    found: list[Version], before: int | None, lineage: str, carry: bool = False
+) -> Version | None:
     """The version a message of run ``lineage`` starts from: the newest of this run
     from a round before ``before`` (a round run again after a crash starts from what
-    the round before it left); if this run has none, the newest version any earlier
-    run left (a new run continues the node's personal model)."""
+    the round before it left). If this run has none: nothing (a fresh model), or with
+    ``carry`` the newest version any earlier run left (a new run continues the node's
+    personal model)."""
     tag = clean_lineage(lineage)
     own = [v for v in found if v.lineage == tag and (before is None or v.round < before)]
     if own:
         return max(own, key=lambda v: v.round)
-    others = [v for v in found if v.lineage != tag]
+    others = [v for v in found if v.lineage != tag] if carry else []
     return others[-1] if others else None
 
 
 def load(
-    stem: Path, before: int | None = None, lineage: str = ""
+    stem: Path, before: int | None = None, lineage: str = "", carry: bool = False
 ) -> tuple[dict[str, Tensor], int] | None:
     """The personal model :func:`pick` chooses, as (model state, rounds trained), or
     None (absent or unreadable)."""
-    chosen = pick(versions(stem), before, lineage)
+    chosen = pick(versions(stem), before, lineage, carry)
     if chosen is None:
         return None
     try:

@@ -298,6 +298,10 @@ class RunConfig(_Section):
     """Torch intra-op threads of the ServerApp process (the server's decompositions,
     reconstructions and head training); 0 = torch's default, every core."""
     seed: int = Field(0, ge=0)
+    carry_personal_state: bool = False
+    """A node with a state dir starts a new run from the personal model an earlier
+    run left on it (off: every run starts fresh; a resumed run always continues its
+    own)."""
     out_dir: str = "~/fedhet-runs/{algorithm}-{timestamp}"
     resume: str = ""
     """The out-dir of an earlier run to continue from its last complete round (its

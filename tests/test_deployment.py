@@ -84,12 +84,28 @@ def test_unregistered_supernode_is_refused(fed: Federation) -> None:
     assert fed.online_nodes() == 3
 
 
+def test_a_second_run_on_the_same_nodes_repeats_the_first_runs_metrics(fed: Federation) -> None:
+    """Personal state on a node belongs to the run that made it: a new run with the
+    same seed starts from fresh models, whatever earlier runs left in the state dirs."""
+    if not (fed.workdir / "first" / "results.json").exists():
+        assert fed.run(overrides(fed, "first"), timeout=600).ok
+    outcome = fed.run(overrides(fed, "again"), timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    keys = ("accuracy", "loss", "accuracy-std", "valid-replies")
+    first, again = results(fed, "first")["rounds"], results(fed, "again")["rounds"]
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in first]
+    assert all(c["rounds-trained"] == 1 for c in again[0]["client-train"].values())
+
+
 def test_restarted_supernode_resumes_its_personal_model(fed: Federation) -> None:
+    """With ``carry-personal-state`` a node's personal model outlives the run and the
+    node's process: a SIGKILLed SuperNode comes back with it from its state dir."""
     fed.restart_node(2, sig=signal.SIGKILL)
-    outcome = fed.run(overrides(fed, "after-restart", **{"num-server-rounds": 1}), timeout=600)
+    run = overrides(fed, "after-restart", **{"num-server-rounds": 1, "carry-personal-state": True})
+    outcome = fed.run(run, timeout=600)
     assert outcome.ok, outcome.log_path.read_text()[-3000:]
     row = results(fed, "after-restart")["rounds"][0]
-    # 2 rounds in the first run + this one: the model came back from the state dir
+    # 2 rounds in the previous run + this one: the model came back from the state dir
     assert row["client-train"]["2"]["rounds-trained"] == 3
 
 

@@ -106,31 +106,54 @@ def test_state_dir_lets_a_restarted_node_resume(tmp_path: Path) -> None:
     assert not torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
 
 
-def test_a_new_run_continues_the_personal_model_a_resumed_one_its_own_round(
-    tmp_path: Path,
-) -> None:
-    """Server rounds restart at 1 in a new run: its first message continues from the
-    newest model any earlier run left; a round run again after a crash starts from
-    what this run's round before it left, even with an earlier run's files present."""
+def test_a_new_run_starts_fresh_a_resumed_one_from_its_own_round(tmp_path: Path) -> None:
+    """A new run on a node with an earlier run's files starts from a fresh model (the
+    same round-1 metrics as the first run with that seed); a round run again after a
+    crash starts from what this run's round before it left."""
     state_dir = tmp_path / "state"
     head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
-    ctx = _context(tmp_path, {"state-dir": str(state_dir)})
+    first = _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 1, "runa")
+    assert first.content["metrics"]["rounds-trained"] == 1
+    assert _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 2, "runa")
+    again = _context(tmp_path, {"state-dir": str(state_dir)})  # a new process, a new run
+    second = _train(again, head, 1, "runb")
+    assert second.content["metrics"]["rounds-trained"] == 1
+    timeless = (
+        {k: v for k, v in dict(r.content["metrics"]).items() if k != "train-time-s"}
+        for r in (first, second)
+    )
+    assert next(timeless) == next(timeless)
+    # run b crashed in round 2 after the node saved: round 2 again starts from run b's round 1
+    assert _train(again, head, 2, "runb").content["metrics"]["rounds-trained"] == 2
+    rerun = _context(tmp_path, {"state-dir": str(state_dir)})
+    assert open_run(rerun, 2, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 1
+
+
+def test_carry_personal_state_continues_the_model_an_earlier_run_left(tmp_path: Path) -> None:
+    """``carry-personal-state = true``: a new run's first message continues from the
+    newest model any earlier run left; its own rounds still win once it has them."""
+    state_dir = tmp_path / "state"
+    head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
+
+    def ctx() -> Context:
+        return client_context(
+            tmp_path,
+            "lgfedavg",
+            node_config={"state-dir": str(state_dir)},
+            **{"carry-personal-state": True},
+        )
+
     for rnd in (1, 2):
-        assert _train(ctx, head, rnd, "runa").content["metrics"]["rounds-trained"] == rnd
-    restarted = _context(tmp_path, {"state-dir": str(state_dir)})  # a new process
+        assert _train(ctx(), head, rnd, "runa").content["metrics"]["rounds-trained"] == rnd
+    restarted = ctx()  # a new process
     assert _train(restarted, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
     # run b crashed in round 1 after the node saved: round 1 again starts from run a's
-    again = _context(tmp_path, {"state-dir": str(state_dir)})
+    again = ctx()
     assert open_run(again, 1, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 2
     assert _train(again, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
     assert _train(again, head, 2, "runb").content["metrics"]["rounds-trained"] == 4
     # round 2 of run b run again: from run b's round 1
-    assert (
-        open_run(
-            _context(tmp_path, {"state-dir": str(state_dir)}), 2, HOOKS["lgfedavg"], lineage="runb"
-        ).rounds_trained
-        == 3
-    )
+    assert open_run(ctx(), 2, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 3
     names = sorted(f.name.split(".", 1)[1] for f in state_dir.glob("*.pt"))
     assert names == ["r000001.runb.pt", "r000002.runb.pt"]
 
