@@ -40,10 +40,14 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends dataset-fashion-mnist curl \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/fedhet /opt/fedhet
-RUN useradd --create-home --uid 10001 fedhet \
+# uid/gid 49999 as in Flower's official images. docker-compose.yml runs the SuperLink
+# as the host user with this group instead (so that the results it writes to the host
+# folder are the host user's): its home and FLWR_HOME are group-writable for that.
+RUN groupadd --gid 49999 fedhet \
+ && useradd --create-home --uid 49999 --gid 49999 fedhet \
  && mkdir -p /flwr-home /state /home/fedhet/.cache/fedhet /home/fedhet/fedhet-runs \
- && chown -R fedhet /flwr-home /state /home/fedhet
-USER fedhet
+ && chown -R fedhet:fedhet /flwr-home /state /home/fedhet \
+ && chmod -R g+w /flwr-home /home/fedhet
 WORKDIR /home/fedhet
 EXPOSE 9092 9094
 CMD ["fedhet", "--help"]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the image, start docker-compose.yml (TLS, node auth, warm executors), run 2
-# rounds of fedre from the host through it, show the run's status and the results on
-# the host, tear everything down. Needs a Docker engine and network access for the
-# build (torch comes from the package registry); not part of the test suite.
+# Build the image, start docker-compose.yml (TLS, node auth, warm executors), check that
+# each container holds only its own secrets, run 2 rounds of fedre from the host twice
+# (the second run must repeat the first's metrics), check the results on the host are
+# yours, tear everything down. Needs a Docker engine and network access for the build
+# (torch comes from a package index); not part of the test suite.
 #
 #   bash scripts/compose-check.sh
 #   FEDHET_BASE=<bookworm image with python3-venv> FEDHET_TORCH_INDEX=https://pypi.org/simple \
@@ -14,12 +15,40 @@
 # bundle pip needs during the build (a TLS-intercepting proxy; used by the build stage
 # only, never part of the image); FEDHET_BUILD_NETWORK: docker build --network.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 say() { printf '[compose-check] %s\n' "$*"; }
-if docker compose version >/dev/null 2>&1; then COMPOSE=(docker compose); else COMPOSE=(docker-compose); fi
+die() { printf '[compose-check] %s\n' "$*" >&2; exit 1; }
+
+# 1. Every tool, before anything is built.
+command -v docker >/dev/null 2>&1 ||
+  die "no 'docker' command: install a Docker engine (Debian/Ubuntu: sudo apt-get install docker.io)"
+docker info >/dev/null 2>&1 ||
+  die "the Docker engine does not answer ('docker info' failed): start it (sudo systemctl start docker, or dockerd &) and check you may use it (the docker group, or root)"
+if docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+elif command -v docker-compose >/dev/null 2>&1 && docker-compose version >/dev/null 2>&1; then
+  COMPOSE=(docker-compose)
+else
+  say "no working 'docker compose' or 'docker-compose': making .venv-compose (scripts/compose-venv.sh)"
+  command -v python3 >/dev/null 2>&1 || die "python3 is needed to create .venv-compose"
+  bash scripts/compose-venv.sh || die "could not create .venv-compose; install Docker's compose plugin or Debian's docker-compose instead"
+  COMPOSE=("$PWD/.venv-compose/bin/docker-compose")
+fi
+say "compose: ${COMPOSE[*]} ($("${COMPOSE[@]}" version --short 2>/dev/null || echo '?'))"
+for port in 9092; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port on 127.0.0.1 is in use: the SuperLink publishes it (stop what holds it)"
+  fi
+done
+# the project's virtualenv: `fedhet certs/keys` and the `flwr` CLI that starts the run
+source scripts/setup.sh
+say() { printf '[compose-check] %s\n' "$*"; }  # setup.sh has its own
+
 export FEDHET_BASE="${FEDHET_BASE:-python:3.11-slim-bookworm}"
 export FEDHET_TORCH_INDEX="${FEDHET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+export FEDHET_UID
+FEDHET_UID="$(id -u)"
 HOME_DIR="$(mktemp -d)"
 CA_COPY=deploy/build-ca/ca.crt
 
@@ -27,33 +56,65 @@ cleanup() {
   say "tearing down"
   "${COMPOSE[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
   rm -rf "$HOME_DIR"
-  [ -n "${FEDHET_BUILD_CA:-}" ] && rm -f "$CA_COPY"
+  if [ -n "${FEDHET_BUILD_CA:-}" ]; then rm -f "$CA_COPY"; fi
 }
 trap cleanup EXIT
 
-[ -f deploy/certs/ca.crt ] || fedhet certs deploy/certs --host superlink --host localhost --host 127.0.0.1
+# 2. Secrets: made here when missing, never the ones earlier versions committed.
+LEAKED="af79cfd40605d49bdc432e8dd097a3eb659523fc1cbce1b9c2b4a16fcb0f6158
+670fa75569e8eed1c22a1634f68ecc218155bfe6a1dbcd9c5876d0e71e54a766
+fa85395549f16dcbc044af1f87718927feed13b763e6288837ee3b02732ead11
+2c41bf6b94a829806ce7c3b7db34b1e564154f4a239b7df8f27307cdba4261c0
+7be24cf1ff6a9bef8da51865418689617123f36e5e7d5aab5b27f13f5a4477ac"
+for f in deploy/certs/ca.key deploy/certs/server.key deploy/keys/node-0 deploy/keys/node-1 deploy/keys/node-2; do
+  if [ -f "$f" ] && grep -qx "$(sha256sum "$f" | cut -c1-64)" <<<"$LEAKED"; then
+    die "$f is a key that an earlier version of fedhet published in git: rm deploy/certs/ca.* deploy/certs/server.* deploy/keys/node-* and run this again"
+  fi
+done
+[ -f deploy/certs/server.key ] || fedhet certs deploy/certs --host superlink --host localhost --host 127.0.0.1
 [ -f deploy/keys/node-2 ] || fedhet keys deploy/keys --nodes 3
 mkdir -p deploy/results
-[ -n "${FEDHET_BUILD_CA:-}" ] && cp "$FEDHET_BUILD_CA" "$CA_COPY"
+if [ -n "${FEDHET_BUILD_CA:-}" ]; then cp "$FEDHET_BUILD_CA" "$CA_COPY"; fi
 
+# 3. Build.
 say "building fedhet:0.1.0 (base $FEDHET_BASE, torch from $FEDHET_TORCH_INDEX)"
 start=$(date +%s)
 docker build --network "${FEDHET_BUILD_NETWORK:-default}" --build-arg "BASE=$FEDHET_BASE" \
   --build-arg "TORCH_INDEX=$FEDHET_TORCH_INDEX" -t fedhet:0.1.0 . >/tmp/fedhet-build.log 2>&1 ||
-  { tail -30 /tmp/fedhet-build.log; exit 1; }
+  { tail -30 /tmp/fedhet-build.log; die "docker build failed (log: /tmp/fedhet-build.log)"; }
 size=$(docker image inspect fedhet:0.1.0 --format '{{.Size}}')
 say "built in $(( $(date +%s) - start )) s; image size $(( size / 1000000 )) MB"
 
+# 4. Start.
 say "starting the stack"
 "${COMPOSE[@]}" up -d
-for i in $(seq 1 120); do
+healthy=0
+for _ in $(seq 1 120); do
   healthy=$(docker ps --filter health=healthy --format '{{.Names}}' | grep -c -E 'superlink|supernode' || true)
   [ "$healthy" -ge 4 ] && break
   sleep 2
 done
 "${COMPOSE[@]}" ps
-[ "$healthy" -ge 4 ] || { say "the stack did not become healthy"; "${COMPOSE[@]}" logs --tail 30; exit 1; }
+[ "$healthy" -ge 4 ] || { "${COMPOSE[@]}" logs --tail 30; die "the stack did not become healthy"; }
 
+# 5. Each container holds only its own secrets.
+private_keys() {  # the private-key files a service's container can read
+  "${COMPOSE[@]}" exec -T "$1" sh -c \
+    'grep -rlE -- "-----BEGIN ([A-Z]+ )*PRIVATE KEY-----" /certs /keys /state /flwr-home /home/fedhet /tmp 2>/dev/null | sort' || true
+}
+for i in 0 1 2; do
+  got=$(private_keys "supernode-$i" | tr '\n' ' ')
+  [ "$got" = "/keys/node-$i " ] || die "supernode-$i can read private keys [$got], want only /keys/node-$i"
+  mode=$("${COMPOSE[@]}" exec -T "supernode-$i" stat -c '%a %u' "/keys/node-$i" | tr -d '\r')
+  [ "$mode" = "400 49999" ] || die "supernode-$i: /keys/node-$i is '$mode', want '400 49999'"
+  got=$(private_keys "superexec-$i" | tr '\n' ' ')
+  [ -z "$got" ] || die "superexec-$i can read private keys [$got], want none"
+done
+got=$(private_keys superlink | tr '\n' ' ')
+[ "$got" = "/certs/server.key " ] || die "the SuperLink can read private keys [$got], want only /certs/server.key"
+say "secrets: each SuperNode reads only its own key (0400, uid 49999), the SuperLink only server.key"
+
+# 6. Two runs from the host: the second repeats the first.
 export FLWR_HOME="$HOME_DIR"
 cat > "$FLWR_HOME/config.toml" <<EOF
 [superlink]
@@ -63,17 +124,31 @@ default = "compose"
 address = "127.0.0.1:9092"
 root-certificates = "$PWD/deploy/certs/ca.crt"
 EOF
-say "running 2 rounds of fedre from the host"
-flwr run . compose --stream --run-config "algorithm='fedre' num-server-rounds=2 data.fraction=0.05" |
-  grep --line-buffered -E '\[fedhet\]|ERROR' || true
-status=$(flwr list compose --format json | python -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["status"])')
-say "run status: $status"
-results=$(ls -t deploy/results/*/results.json | head -1)
-say "results on the host: $results"
-python - "$results" <<'EOF'
+RUN_CONFIG="algorithm='fedre' num-server-rounds=2 data.fraction=0.05"
+run_once() {
+  say "run $1: 2 rounds of fedre from the host"
+  flwr run . compose --stream --run-config "$RUN_CONFIG" |
+    grep --line-buffered -E '\[fedhet\]|ERROR' || true
+  status=$(flwr list compose --format json |
+    python -c 'import json,sys; print(max(json.load(sys.stdin)["runs"], key=lambda r: int(r["run-id"]))["status"])')
+  say "run $1 status: $status"
+  [ "$status" = "finished:completed" ] || die "run $1 did not complete ($status)"
+}
+run_once 1
+first=$(ls -t deploy/results/*/results.json | head -1)
+run_once 2
+second=$(ls -t deploy/results/*/results.json | head -1)
+[ "$first" != "$second" ] || die "the second run wrote no results"
+say "results on the host: $first, $second (owner uid $(stat -c %u "$second"), yours is $(id -u))"
+[ "$(stat -c %u "$second")" = "$(id -u)" ] && [ "$(stat -c %u "$(dirname "$second")")" = "$(id -u)" ] ||
+  die "the results are not owned by you"
+python - "$first" "$second" <<'EOF'
 import json, sys
-doc = json.load(open(sys.argv[1]))
-for r in doc["rounds"]:
+runs = [json.load(open(path))["rounds"] for path in sys.argv[1:]]
+for r in runs[1]:
     print(f"  round {r['round']}: accuracy {r['accuracy']:.4f}, {r['round-time-s']:.1f} s")
+same = [(a["accuracy"], a["loss"]) == (b["accuracy"], b["loss"]) for a, b in zip(*runs)]
+print(f"  second run repeats the first: {same}")
+sys.exit(0 if all(same) else 1)
 EOF
-[ "$status" = "finished:completed" ]
+say "ok"

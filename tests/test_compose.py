@@ -7,8 +7,10 @@ one cli/federation.py builds for the loopback federation the e2e tests run.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,23 +21,36 @@ from cli.federation import superexec_command, superlink_command, supernode_comma
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / ".venv-compose" / "bin" / "docker-compose"
+HOST_UID = "4242"
+
+
+def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    assert COMPOSE.exists(), f"{COMPOSE} is missing: scripts/compose-venv.sh creates it"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FEDHET_")}
+    with tempfile.TemporaryDirectory() as tmp:
+        no_dotenv = Path(tmp) / "empty.env"  # not the user's .env
+        no_dotenv.touch()
+        return subprocess.run(
+            [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "--env-file", str(no_dotenv)]
+            + ["config"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env={**clean, **env},
+        )
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    assert COMPOSE.exists(), (
-        f"{COMPOSE} is missing: scripts/test.sh creates it "
-        "(python -m venv .venv-compose && pip install docker-compose==1.29.2)"
-    )
-    out = subprocess.run(
-        [str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "config"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    out = compose_config({"FEDHET_UID": HOST_UID})
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
+
+
+def test_without_the_host_uid_compose_refuses_and_says_what_to_set() -> None:
+    out = compose_config({})
+    assert out.returncode != 0 and "set FEDHET_UID (your id -u) in .env" in out.stderr
 
 
 def test_superlink_command_is_the_loopback_one(compose: dict) -> None:
@@ -68,7 +83,7 @@ def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -
         assert parsed["partition-id"] == i and parsed["num-partitions"] == 3
         assert parsed["state-dir"] == "/state"
         seen.append(parsed["profile"])
-        assert {v.split(":")[1] for v in svc["volumes"]} >= {"/certs", "/keys"}
+        assert _mounts(svc) == {"/certs": "ca", "/keys": f"node-key-{i}"}
         assert "healthcheck" in svc
         assert svc["depends_on"]["register"]["condition"] == "service_completed_successfully"
         # its tasks: the warm executor, with the node's data cache and personal state
@@ -82,30 +97,100 @@ def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -
     assert len(set(seen)) == 3
 
 
-def test_keys_reach_the_containers_through_an_init_step_not_weaker_files(compose: dict) -> None:
-    """The host files stay as `fedhet certs/keys` wrote them (0600); the init service
-    copies them into volumes owned by the image's user, private keys 0400."""
+SECRET_VOLUMES = {"superlink-tls", "ca", "public-keys", "node-key-0", "node-key-1", "node-key-2"}
+
+
+def _mounts(svc: dict) -> dict[str, str]:
+    """A service's mounts: container path -> source (volume name or host path)."""
+    out = {}
+    for volume in svc.get("volumes", []):
+        parts = volume.split(":")
+        out[parts[1]] = parts[0]
+    return out
+
+
+def test_each_service_mounts_only_the_secrets_it_needs(compose: dict) -> None:
+    """A SuperNode sees the CA certificate and its own private key, the SuperLink its
+    own certificate and key, ``register`` the public keys; only the one-shot ``init``
+    reads the host's deploy/certs and deploy/keys. Every secret mount is read-only."""
     services = compose["services"]
-    init = services["init"]
-    assert init["user"] == "root" and init["restart"] == "no"
-    script = " ".join(init["command"])
-    assert "chown -R 10001:10001 /certs /keys /results" in script
-    assert "chmod 0400 /certs/server.key" in script
-    host_sources = [v for v in init["volumes"] if v.split(":")[1].startswith("/src/")]
-    assert len(host_sources) == 2 and all(v.endswith(":ro") for v in host_sources)
-    for name, svc in services.items():
-        if name != "init" and any(
-            v.split(":")[1] in ("/certs", "/keys") for v in svc.get("volumes", [])
-        ):
-            assert all(
-                v.endswith(":ro") for v in svc["volumes"] if v.split(":")[1] in ("/certs", "/keys")
-            )
-    assert (
-        services["superlink"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    want = {
+        "superlink": {"superlink-tls"},
+        "register": {"ca", "public-keys"},
+        **{f"supernode-{i}": {"ca", f"node-key-{i}"} for i in range(3)},
+        **{f"superexec-{i}": set() for i in range(3)},
+    }
+    assert set(services) == {"init", *want}
+    for name, secrets in want.items():
+        mounts = _mounts(services[name])
+        assert {src for src in mounts.values() if src in SECRET_VOLUMES} == secrets, name
+        assert not any("deploy/certs" in src or "deploy/keys" in src for src in mounts.values())
+        for volume in services[name].get("volumes", []):
+            if volume.split(":")[0] in SECRET_VOLUMES:
+                assert volume.endswith(":ro"), (name, volume)
+    init = _mounts(services["init"])
+    assert init["/src/certs"].endswith("deploy/certs") and init["/src/keys"].endswith("deploy/keys")
+    assert all(v.endswith(":ro") for v in services["init"]["volumes"] if ":/src/" in v)
+    assert set(compose["volumes"]) >= SECRET_VOLUMES
+
+
+def test_the_superlink_writes_results_to_the_host_as_the_host_user(compose: dict) -> None:
+    """No chown of the host folder: the SuperLink runs as FEDHET_UID (the image's group,
+    whose home and FLWR_HOME are group-writable) and writes ./deploy/results."""
+    superlink = compose["services"]["superlink"]
+    assert superlink["user"] == f"{HOST_UID}:49999"
+    assert superlink["environment"]["HOME"] == "/home/fedhet"
+    assert _mounts(superlink)["/home/fedhet/fedhet-runs"].endswith("deploy/results")
+    init = compose["services"]["init"]
+    assert "results" not in " ".join(init["command"]) + " ".join(init["volumes"])
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "useradd --create-home --uid 49999 --gid 49999 fedhet" in dockerfile
+    assert "chmod -R g+w /flwr-home /home/fedhet" in dockerfile
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to other uids needs root, as in the container")
+def test_the_init_script_gives_each_volume_its_files_only(compose: dict, tmp_path: Path) -> None:
+    """The ``init`` service's own script, run here with its paths moved into a temporary
+    folder: each volume receives exactly its files, private keys 0400 owned by their reader."""
+    from cli.security import make_certificates, make_node_keys
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_certificates(src / "certs", ["superlink"])
+    make_node_keys(src / "keys", 3)
+    init = compose["services"]["init"]
+    volumes = [v.split(":")[1] for v in init["volumes"] if v.split(":")[1].startswith("/out/")]
+    for path in volumes:
+        (tmp_path / path.lstrip("/")).mkdir(parents=True)
+    script = init["command"][0].replace("$$", "$")
+    script = script.replace("/src/", f"{src}/").replace("/out/", f"{out}/")
+    env = {**os.environ, **init["environment"]}
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    want = {
+        "superlink-tls": {
+            "ca.crt": (0o444, 4242),
+            "server.pem": (0o444, 4242),
+            "server.key": (0o400, 4242),
+        },
+        "ca": {"ca.crt": (0o444, 49999)},
+        "public-keys": {f"node-{i}.pub": (0o444, 49999) for i in range(3)},
+        **{f"node-key-{i}": {f"node-{i}": (0o400, 49999)} for i in range(3)},
+    }
+    for volume, files in want.items():
+        got = {
+            f.name: (f.stat().st_mode & 0o777, f.stat().st_uid) for f in (out / volume).iterdir()
+        }
+        assert got == files, volume
+    for i in range(3):
+        assert (out / f"node-key-{i}" / f"node-{i}").read_bytes() == (
+            src / "keys" / f"node-{i}"
+        ).read_bytes()
+    # a missing key stops the init step, naming the file
+    (src / "keys" / "node-2").unlink()
+    failed = subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
-    # the run's results.json and plot land on the host
-    results = [v for v in services["superlink"]["volumes"] if ":/home/fedhet/fedhet-runs" in v]
-    assert results and results[0].split(":")[0].endswith("deploy/results")
+    assert failed.returncode != 0 and "deploy/keys/node-2 is missing" in failed.stdout
 
 
 def test_registration_and_health_checks(compose: dict) -> None:

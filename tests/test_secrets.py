@@ -59,7 +59,17 @@ def test_the_check_finds_every_key_fedhet_makes(tmp_path: Path) -> None:
     assert sorted(tracked_private_keys(repo)) == ["certs/ca.key", "certs/server.key", "keys/node-0"]
     # public halves are no secret
     subprocess.run(
-        ["git", "-C", str(repo), "rm", "-q", "--cached", "certs/ca.key", "certs/server.key", "keys/node-0"],
+        [
+            "git",
+            "-C",
+            str(repo),
+            "rm",
+            "-q",
+            "--cached",
+            "certs/ca.key",
+            "certs/server.key",
+            "keys/node-0",
+        ],
         check=True,
         timeout=60,
     )
