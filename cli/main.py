@@ -176,7 +176,9 @@ def _data_title(cfg) -> str:  # type: ignore[no-untyped-def]
 
 @app.command()
 def report(
-    results: Annotated[list[Path], typer.Argument(help="results.json files.")],
+    results: Annotated[
+        list[Path], typer.Argument(help="results.json files, or the run folders holding them.")
+    ],
     plot: Annotated[Path, typer.Option(help="Accuracy-vs-round PNG.")] = Path("accuracy.png"),
     title: Annotated[str, typer.Option()] = "",
 ) -> None:

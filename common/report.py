@@ -21,8 +21,14 @@ class Run:
 
     @classmethod
     def load(cls, path: Path) -> Run:
+        """A ``results.json``, or the run folder holding one (what a run prints)."""
+        path = Path(path).expanduser()
+        if path.is_dir():
+            if not (path / "results.json").is_file():
+                raise ValueError(f"{path}: a folder without results.json (not a fedhet run folder)")
+            path = path / "results.json"
         try:
-            doc = json.loads(Path(path).read_text())
+            doc = json.loads(path.read_text())
             return cls(Path(path), doc["config"], doc["rounds"], doc["summary"])
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"{path}: not a fedhet results.json ({exc})") from None

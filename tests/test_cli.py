@@ -84,6 +84,17 @@ def test_report_folds_seeds_into_mean_and_std(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+def test_report_takes_the_run_folder_a_run_prints(tmp_path: Path) -> None:
+    folder = _results(tmp_path / "fedre-20261204-101500", "fedre", 0, [0.5, 0.75]).parent
+    out = runner.invoke(app, ["report", str(folder), "--plot", str(tmp_path / "p.png")])
+    assert out.exit_code == 0, out.output
+    assert any(ln.startswith("| fedre | 1 | 0.7500") for ln in out.output.splitlines())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = runner.invoke(app, ["report", str(empty), "--plot", str(tmp_path / "q.png")])
+    assert out.exit_code == 2 and "a folder without results.json" in out.output
+
+
 def test_certs_and_keys(tmp_path: Path) -> None:
     out = runner.invoke(
         app, ["certs", str(tmp_path / "c"), "--host", "superlink", "--host", "127.0.0.1"]
