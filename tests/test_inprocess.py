@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,14 @@ def test_two_rounds_produce_complete_results(tmp_path: Path, algorithm: str) -> 
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     for row in res["rounds"]:
         assert set(row) >= ROUND_KEYS
-        assert 0.0 <= row["accuracy"] <= 1.0
+        # accuracy is Σcorrect/Σsamples over the clients: between the clients' own
+        # accuracies; accuracy-mean and accuracy-std are their plain mean and std
+        per_client = list(row["client-accuracy"].values())
+        assert sorted(row["client-accuracy"]) == ["0", "1", "2"]
+        assert min(per_client) - 1e-12 <= row["accuracy"] <= max(per_client) + 1e-12
+        assert row["accuracy-mean"] == pytest.approx(statistics.fmean(per_client))
+        assert row["accuracy-std"] == pytest.approx(statistics.pstdev(per_client), abs=1e-12)
+        assert row["accuracy"] > 0.0
         assert row["train-clients"] == 3
     assert set(res["summary"]) >= SUMMARY_KEYS
     assert res["config"]["algorithm"] == algorithm

@@ -279,12 +279,49 @@ def test_fedre_uploads_exactly_n_times_d_plus_c_floats(tmp_path: Path, reps: int
     assert all(r["valid-replies"] == 3 for r in res["rounds"])
 
 
+def test_fedre_vap_uploads_the_plain_mean_of_the_present_prototypes(tmp_path: Path) -> None:
+    run = _run(tmp_path, server_round=2, **{"fedre.mix": "vap"})
+    reps, softs = entangled(run)
+    means, present = prototypes(run)
+    equal = present.float() / present.float().sum()
+    np.testing.assert_allclose(softs[0].numpy(), equal.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        reps[0].numpy(), means[present].mean(0).numpy(), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_fedre_rsr_entangles_raw_samples_with_random_weights(tmp_path: Path) -> None:
+    run = _run(tmp_path, server_round=2, **{"fedre.mix": "rsr"})
+    reps, softs = entangled(run)
+    y = run.data.y_train
+    w = random_weights(torch.ones(len(y), dtype=torch.bool), run.generator(purpose=1))
+    with torch.no_grad():
+        run.model.eval()
+        features = run.model.features(run.data.x_train).double()
+    np.testing.assert_allclose(reps[0].numpy(), (w @ features).numpy(), rtol=1e-4, atol=1e-5)
+    by_class = torch.zeros(run.data.num_classes, dtype=torch.float64).index_add_(0, y, w)
+    np.testing.assert_allclose(softs[0].numpy(), by_class.numpy(), rtol=1e-5, atol=1e-7)
+    # not the prototype mix: RAP's soft label has one weight per present class
+    rap = entangled(_run(tmp_path, server_round=2))[1][0]
+    assert not np.allclose(rap.numpy(), softs[0].numpy())
+
+
 @pytest.mark.parametrize("mix", ["vap", "rsr"])
 def test_fedre_ablation_variants_run(tmp_path: Path, mix: str) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fedre", **{"fedre.mix": mix})
     assert all(r["valid-replies"] == 3 for r in res["rounds"])
+    # the server trained its head on other pairs than the default (RAP) run's
+    rap, _ = run_inprocess(tmp_path / "rap", algorithm="fedre")
+    for mixed, default in zip(res["rounds"], rap["rounds"], strict=True):
+        a, b = mixed["server-diagnostics"], default["server-diagnostics"]
+        assert a["server-loss-before"] != b["server-loss-before"]
+        assert a["label-entropy"] != b["label-entropy"]
 
 
 def test_fedproto_nearest_prototype_inference(tmp_path: Path) -> None:
+    """Better than each client predicting its majority class, and not the head's
+    predictions under another name."""
     res, _ = run_inprocess(tmp_path, algorithm="fedproto", **{"fedproto.infer": "proto"})
-    assert res["rounds"][-1]["accuracy"] > 0.2
+    assert res["rounds"][-1]["accuracy"] > res["summary"]["accuracy-prior"]
+    head, _ = run_inprocess(tmp_path / "head", algorithm="fedproto")
+    assert res["rounds"][-1]["accuracy"] != head["rounds"][-1]["accuracy"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import pytest
 
+from common.config import Algorithm
 from common.records import to_numpy
 from strategies import STRATEGIES
 from strategies.fedavg import FedAvg
@@ -23,8 +26,11 @@ def head(d: int = 500, c: int = 10) -> dict[str, np.ndarray]:
 
 
 def test_registry_names_are_the_config_values() -> None:
-    assert set(STRATEGIES) >= {"local", "fedavg", "lgfedavg"}
-    assert all(cls.name == name for name, cls in STRATEGIES.items())
+    """One algorithm, one word: every config value has a strategy, registered under
+    that value and defined in ``strategies/<value>.py``."""
+    assert set(STRATEGIES) == set(get_args(Algorithm))
+    for name, cls in STRATEGIES.items():
+        assert cls.__module__ == f"strategies.{name}", (name, cls)
 
 
 def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:
