@@ -12,10 +12,16 @@ import pytest
 from cli.security import make_certificates, make_node_keys
 
 ROOT = Path(__file__).resolve().parent.parent
-PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-"""PEM private keys of every kind: PKCS#8 (``PRIVATE KEY``, ``ENCRYPTED PRIVATE
-KEY``), traditional (``EC``/``RSA``/``DSA PRIVATE KEY``), OpenSSH (``OPENSSH PRIVATE
-KEY``) and PGP (``PGP PRIVATE KEY BLOCK``)."""
+PRIVATE_KEY = re.compile(
+    rb"-----BEGIN ((?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----\r?\n"
+    rb"(?:[A-Za-z0-9+/=:,. -]*\r?\n)+"
+    rb"-----END \1-----"
+)
+"""A PEM block holding a private key of any kind: PKCS#8 (``PRIVATE KEY``, ``ENCRYPTED
+PRIVATE KEY``), traditional (``EC``/``RSA``/``DSA PRIVATE KEY``, with or without
+``Proc-Type`` headers), OpenSSH (``OPENSSH PRIVATE KEY``) and PGP (``PGP PRIVATE KEY
+BLOCK``): header, body lines, matching footer (a header alone, as in a test's stand-in
+file, is no key)."""
 
 
 def tracked_private_keys(repo: Path) -> list[str]:
@@ -55,6 +61,8 @@ def test_the_check_finds_every_key_fedhet_makes(tmp_path: Path) -> None:
     make_certificates(repo / "certs", ["superlink"])
     make_node_keys(repo / "keys", 1)
     (repo / "notes.md").write_text("the key is made by `fedhet keys`\n")
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, timeout=60)
+    (repo / "stand-in.txt").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot one\n")
     subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, timeout=60)
     assert sorted(tracked_private_keys(repo)) == ["certs/ca.key", "certs/server.key", "keys/node-0"]
     # public halves are no secret
