@@ -304,13 +304,15 @@ def test_supernode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
 
 
 def _pace_only_executor():  # type: ignore[no-untyped-def]
-    """A WarmExecutor without its fork server (``pace`` needs only its children)."""
+    """A WarmExecutor without its fork server (``pace``, ``reconcile`` and ``watch``
+    need only its children and a logger)."""
     import time as pytime
 
     from cli.warm import WarmExecutor
 
     ex = object.__new__(WarmExecutor)
     ex._children, ex._last_active = [], pytime.monotonic()
+    ex._log, ex.logged = lambda level, msg, *args: ex.logged.append(msg % args), []
     return ex
 
 
@@ -320,18 +322,20 @@ def test_superexec_waits_on_a_running_task_instead_of_polling() -> None:
     import multiprocessing
     import time as pytime
 
+    from cli.warm import TaskChild
+
     ctx = multiprocessing.get_context("fork")
     ex = _pace_only_executor()
     child = ctx.Process(target=pytime.sleep, args=(0.3,))
     child.start()
-    ex._children = [(1, child)]
+    ex._children = [TaskChild(1, child)]
     t0 = pytime.monotonic()
     ex.pace()
     assert 0.25 < pytime.monotonic() - t0 < 0.9  # woke when the child ended
     child.join()
     stuck = ctx.Process(target=pytime.sleep, args=(30,))
     stuck.start()
-    ex._children = [(2, stuck)]
+    ex._children = [TaskChild(2, stuck)]
     t0 = pytime.monotonic()
     ex.pace()
     assert 0.9 < pytime.monotonic() - t0 < 2.5  # a long task: Flower's interval
@@ -355,3 +359,445 @@ def test_superexec_idle_poll_grows_to_flowers_interval(monkeypatch: pytest.Monke
     clock.now += 3600.0
     ex.pace()
     assert clock.slept[-1] == warm.FLOWER_TASK_POLL_S
+
+
+# ------------------------------------------------------------ flwr stop: executor
+
+
+def _sleeper(seconds: float, ignore_sigterm: bool = False) -> None:
+    import signal
+    import time as pytime
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pytime.sleep(seconds)
+
+
+def _drive(ex, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """Flower's SuperExec loop (reconcile, pace, a short sleep) for ``seconds``."""
+    import time as pytime
+
+    end = pytime.monotonic() + seconds
+    while pytime.monotonic() < end and ex._children:
+        ex.reconcile()
+        ex.pace()
+        pytime.sleep(0.01)
+
+
+@pytest.fixture
+def fast_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.warm as warm
+
+    monkeypatch.setattr(warm, "TASK_BEAT_S", 0.1)
+    monkeypatch.setattr(warm, "STOP_GRACE_S", 0.3)
+    monkeypatch.setattr(warm, "KILL_AFTER_S", 0.5)
+
+
+def _child(ex, task_id: int, answers: list, ignore_sigterm: bool = False):  # type: ignore[no-untyped-def]
+    """A real forked child that sleeps 30 s, its heartbeat answering ``answers`` in
+    turn (the last one for ever)."""
+    import multiprocessing
+    import time as pytime
+
+    from cli.warm import TaskChild
+
+    process = multiprocessing.get_context("fork").Process(
+        target=_sleeper, args=(30, ignore_sigterm)
+    )
+    process.start()
+    calls: list[float] = []
+
+    def beat() -> bool | None:
+        calls.append(pytime.monotonic())
+        return answers[min(len(calls), len(answers)) - 1]
+
+    ex._children.append(TaskChild(task_id, process, beat, pytime.monotonic() + 0.1))
+    return process, calls
+
+
+def _until_collected(ex, task_id: int, limit: float = 5.0) -> float:  # type: ignore[no-untyped-def]
+    """Drive the executor until task ``task_id``'s child is collected; seconds taken."""
+    import time as pytime
+
+    t0 = pytime.monotonic()
+    while any(t.task_id == task_id for t in ex._children) and pytime.monotonic() - t0 < limit:
+        _drive(ex, 0.05)
+    return pytime.monotonic() - t0
+
+
+def _reap(*processes) -> None:  # type: ignore[no-untyped-def]
+    import contextlib
+
+    for process in processes:
+        with contextlib.suppress(ValueError):  # collected (and closed) by the executor
+            process.kill()
+            process.join()
+
+
+@pytest.mark.usefixtures("fast_stop")
+def test_the_executor_ends_a_child_whose_task_the_node_finished() -> None:
+    """The node answers a child's heartbeat with success=False (its run was stopped):
+    after the grace period the child gets SIGTERM; children whose heartbeat succeeds or
+    gets no answer live on."""
+    import signal
+
+    ex = _pace_only_executor()
+    stopped, stopped_beats = _child(ex, 1, [True, True, False])
+    healthy, healthy_beats = _child(ex, 2, [True])
+    silent, _ = _child(ex, 3, [None])
+    try:
+        ended = _until_collected(ex, 1)
+        assert any(f"task 1 ended (exit code {-signal.SIGTERM})" in m for m in ex.logged)
+        # third beat (0.3 s) + grace (0.3 s); not before
+        assert 0.55 < ended < 1.5, ended
+        assert len(stopped_beats) == 3  # no beat after the node said finished
+        _drive(ex, 1.0)
+        assert healthy.is_alive() and silent.is_alive()
+        gaps = [b - a for a, b in zip(healthy_beats, healthy_beats[1:], strict=False)]
+        assert len(healthy_beats) <= 22 and min(gaps) >= 0.09  # about every 0.1 s
+        assert [t.task_id for t in ex._children] == [2, 3]
+        assert any("task 1 was finished by its SuperNode" in m for m in ex.logged)
+        assert not any("ended with exit code" in m for m in ex.logged)
+    finally:
+        _reap(stopped, healthy, silent)
+
+
+@pytest.mark.usefixtures("fast_stop")
+def test_a_child_that_outlives_sigterm_is_killed() -> None:
+    import signal
+
+    ex = _pace_only_executor()
+    stubborn, _ = _child(ex, 1, [False], ignore_sigterm=True)
+    try:
+        ended = _until_collected(ex, 1)
+        # beat (0.1 s) + grace (0.3 s) + SIGTERM ignored (0.5 s)
+        assert any(f"task 1 ended (exit code {-signal.SIGKILL})" in m for m in ex.logged)
+        assert 0.8 < ended < 2.0, ended
+        assert any("outlived SIGTERM" in m for m in ex.logged)
+    finally:
+        _reap(stubborn)
+
+
+def test_the_task_heartbeat_reads_a_revoked_token_as_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finishing a task revokes its token, so the node answers 401: finished. A
+    connection failure or a 503 is no answer (the child is left alone)."""
+    import httpx
+
+    from cli.warm import TaskBeat
+
+    answers: list = []
+
+    class Client:
+        def SendTaskHeartbeat(self, request):  # type: ignore[no-untyped-def]  # noqa: N802
+            answer = answers.pop(0)
+            if type(answer) is int:  # a status code (not a bool)
+                req = httpx.Request("POST", "http://node/v1/runtime/send-task-heartbeat")
+                raise httpx.HTTPStatusError(
+                    "x", request=req, response=httpx.Response(answer, request=req)
+                )
+            if isinstance(answer, Exception):
+                raise answer
+            return type("Response", (), {"success": answer})()
+
+    beat = TaskBeat(_spec())
+    monkeypatch.setattr(beat, "_connect", Client)
+    answers[:] = [True, False, 401, 503, httpx.ConnectError("refused")]
+    assert [beat() for _ in range(5)] == [True, False, False, None, None]
+
+
+def test_the_task_heartbeat_reaches_a_runtime_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client TaskBeat builds sends Flower's request, with the child's token."""
+    import httpx
+
+    from cli.warm import TaskBeat
+
+    seen: list[httpx.Request] = []
+    resp = flower_internal("flwr.proto.runtime_pb2", "SendTaskHeartbeatResponse")
+    real_send = httpx.Client.send
+
+    def send(self, request, **kwargs):  # type: ignore[no-untyped-def]
+        if request.url.host != "127.0.0.1":
+            return real_send(self, request, **kwargs)
+        seen.append(request)
+        body = resp(success=True).SerializeToString()
+        return httpx.Response(
+            200,
+            content=body,
+            headers={"content-type": "application/protobuf"},
+            request=request,
+        )
+
+    monkeypatch.setattr(httpx.Client, "send", send)
+    beat = TaskBeat(_spec(token="child-token"))
+    try:
+        assert beat() is True
+    finally:
+        beat.close()
+    assert seen and seen[0].url.path == "/v1/runtime/send-task-heartbeat"
+    assert "child-token" in seen[0].headers.values()
+
+
+# ------------------------------------------------------------ flwr stop: SuperNode
+
+
+def _node_state():  # type: ignore[no-untyped-def]
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    factory = NodeStateFactory(ObjectStoreFactory())
+    return factory.state(), factory.objectstore_factory.store()
+
+
+def _instruction(run_id: int):  # type: ignore[no-untyped-def]
+    from flwr.app import ArrayRecord
+
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"x": run_id}), "a": ArrayRecord()}),
+        dst_node_id=1,
+        message_type="train.x",
+    )
+    msg.metadata.__dict__["_run_id"] = run_id
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    return msg
+
+
+@pytest.fixture
+def flower_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's ``_push_messages``, handed the replies, must not wait for any."""
+    import types as pytypes
+
+    from flwr.supernode import start_client_internal
+
+    def sleep(seconds: float) -> None:
+        raise RuntimeError("Flower's push waited for a reply it had been handed")
+
+    monkeypatch.setattr(start_client_internal, "time", pytypes.SimpleNamespace(sleep=sleep))
+
+
+class _Node:
+    """A SuperNode's state and the calls Flower's loop makes; ``get_run`` answers from
+    ``self.runs`` (run id -> running?), recording when it was asked."""
+
+    def __init__(self) -> None:
+        self.state, self.store = _node_state()
+        self.clock = _Clock()
+        self.runs: dict[int, bool] = {}
+        self.asked: list[float] = []
+        self.sent: list[Message] = []
+        self.inbox: list[Message] = []
+
+    def get_run(self, run_id: int):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        from flwr.supercore.run import RunNotRunningException
+
+        self.asked.append(self.clock.now)
+        if not self.runs[run_id]:
+            raise RunNotRunningException  # what the Fleet API's 403 turns into
+        return SimpleNamespace(status=SimpleNamespace(status="running"))
+
+    def receive(self):  # type: ignore[no-untyped-def]
+        return (self.inbox.pop(0), None) if self.inbox else None
+
+    def pull(self, *, state, object_store, receive, get_run) -> int | None:  # type: ignore[no-untyped-def]
+        """What Flower's ``_pull_and_store_message`` does with a message: a task for it,
+        the message in the state and store; the executor claims and starts the task."""
+        from flwr.supercore.constant import TaskType
+        from flwr.supernode.start_client_internal import _insert_message
+
+        got = receive()
+        if got is None:
+            return None
+        msg = got[0]
+        get_run(msg.metadata.run_id)
+        task_id = state.create_task(TaskType.CLIENT_APP, msg.metadata.run_id, "fab")
+        _insert_message(msg, state, object_store)
+        state.claim_task(task_id)
+        state.activate_task(task_id)
+        return int(msg.metadata.run_id)
+
+    def send(self, message, object_tree, runtime):  # type: ignore[no-untyped-def]
+        self.sent.append(message)
+        return set(), "session"
+
+    def watch(self):  # type: ignore[no-untyped-def]
+        from flwr.supernode.start_client_internal import _push_messages
+
+        from cli.warm import RunWatch
+
+        return RunWatch(self.pull, _push_messages, sleep=self.sleep, clock=self.clock.monotonic)
+
+    def sleep(self, seconds: float) -> None:
+        """The node's wait: the fake clock's (as a test sets it), never unbounded."""
+        if self.clock.now > 1000.0:
+            raise RuntimeError("the node waited for ever")
+        self.clock.sleep(seconds)
+
+    def loop_once(self, watch) -> int | None:  # type: ignore[no-untyped-def]
+        """One turn of Flower's loop (pull, then push) through ``watch``."""
+        run_id = watch.pull(
+            state=self.state, object_store=self.store, receive=self.receive, get_run=self.get_run
+        )
+        if run_id is not None:
+            watch.push(state=self.state, object_store=self.store, send=self.send, push_object=None)
+        return run_id
+
+    def task(self, run_id: int):  # type: ignore[no-untyped-def]
+        (task,) = self.state.get_tasks(run_ids=[run_id])
+        return task
+
+
+def _reply_later(node: _Node, msg: Message, at: float, to_node: _Node | None = None) -> None:
+    """The task's child pushes its reply at fake time ``at``."""
+    from flwr.supernode.start_client_internal import _insert_message
+
+    real_sleep = node.clock.sleep
+
+    def sleep(seconds: float) -> None:
+        real_sleep(seconds)
+        if node.clock.now >= at and not getattr(sleep, "done", False):
+            sleep.done = True  # type: ignore[attr-defined]
+            _insert_message(Message(RecordDict(), reply_to=msg), node.state, node.store)
+
+    node.clock.sleep = sleep  # type: ignore[method-assign]
+
+
+@pytest.mark.usefixtures("flower_never_waits")
+def test_the_node_drops_a_stopped_runs_task_and_pulls_the_next_message() -> None:
+    """While the task runs the node asks for the run every STOP_CHECK_S; once the run
+    is stopped, the task is finished (stopped: its token no longer heartbeats), the
+    message and its objects leave the node, and the loop goes on."""
+    from flwr.common.constant import Status, SubStatus
+
+    from cli.warm import STOP_CHECK_S
+
+    node = _Node()
+    msg = _instruction(7)
+    node.inbox.append(msg)
+    node.runs[7] = True
+    watch = node.watch()
+    stop_at = 11.0
+
+    real_sleep = node.clock.sleep
+
+    def sleep(seconds: float) -> None:
+        assert seconds == 0.5  # Flower's reply wait (paced by PacedSleep on a node)
+        real_sleep(seconds)
+        if node.clock.now - 100.0 >= stop_at:
+            node.runs[7] = False  # `flwr stop`
+
+    node.clock.sleep = sleep  # type: ignore[method-assign]
+    assert node.loop_once(watch) == 7
+    asked = [t - 100.0 for t in node.asked[1:]]  # [0]: the pull's own get_run
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    assert min(gaps) >= STOP_CHECK_S and asked[0] >= STOP_CHECK_S
+    assert stop_at <= asked[-1] <= stop_at + STOP_CHECK_S + 0.5  # noticed within one check
+    task = node.task(7)
+    assert (task.status.status, task.status.sub_status) == (Status.FINISHED, SubStatus.STOPPED)
+    assert not node.state.acknowledge_task_heartbeat(task.task_id)  # the executor's cue
+    assert node.sent == []
+    assert node.state.get_messages_legacy() == []
+    assert node.store.get(msg.metadata.message_id) is None
+
+
+@pytest.mark.usefixtures("flower_never_waits")
+def test_the_node_sends_the_reply_of_a_running_run_with_flowers_push() -> None:
+    node = _Node()
+    msg = _instruction(8)
+    node.inbox.append(msg)
+    node.runs[8] = True
+    _reply_later(node, msg, at=100.0 + 5.0)
+    assert node.loop_once(node.watch()) == 8
+    assert [m.metadata.reply_to_message_id for m in node.sent] == [msg.metadata.message_id]
+    assert node.state.get_messages_legacy() == []  # Flower's push cleaned up
+    assert len(node.asked) == 1 + 2  # the pull's, then at 2 s and 4 s
+
+
+@pytest.mark.usefixtures("flower_never_waits")
+def test_a_late_reply_of_a_stopped_run_is_not_taken_for_the_next_runs() -> None:
+    """A stopped run's child may still push its reply: the node discards it and waits
+    for the reply of the task in progress."""
+    from flwr.supernode.start_client_internal import _insert_message
+
+    node = _Node()
+    first, second = _instruction(1), _instruction(2)
+    node.inbox += [first, second]
+    node.runs.update({1: True, 2: True})
+    watch = node.watch()
+    plain = node.clock.sleep
+
+    def stop_run_1(seconds: float) -> None:
+        plain(seconds)
+        node.runs[1] = False
+
+    node.clock.sleep = stop_run_1  # type: ignore[method-assign]
+    assert node.loop_once(watch) == 1 and node.sent == []
+    # run 1's child pushes its reply after all; run 2's task replies a second later
+    _insert_message(Message(RecordDict(), reply_to=first), node.state, node.store)
+    node.clock.sleep = plain  # type: ignore[method-assign]
+    _reply_later(node, second, at=node.clock.now + 1.0)
+    assert node.loop_once(watch) == 2
+    assert [m.metadata.reply_to_message_id for m in node.sent] == [second.metadata.message_id]
+    assert node.state.get_messages_legacy() == []
+
+
+def test_run_watch_names_a_flower_loop_function_that_changed() -> None:
+    from cli.warm import RunWatch
+
+    def pull(*, state, receive):  # type: ignore[no-untyped-def]
+        return None
+
+    with pytest.raises(RuntimeError, match=r"_pull_and_store_message.*get_run"):
+        RunWatch(pull, lambda *, state, object_store: None)
+
+
+@pytest.mark.usefixtures("fast_stop")
+def test_a_child_that_reports_its_tasks_end_gets_no_more_heartbeats() -> None:
+    """Reporting its task's end revokes the child's token while the child still exits:
+    the executor stops its heartbeats then (no failed heartbeat, no signal)."""
+    import multiprocessing
+
+    ex = _pace_only_executor()
+    child, beats = _child(ex, 1, [True, False])
+    ex._children[0].finishing = multiprocessing.get_context("fork").Event()
+    try:
+        _drive(ex, 0.15)
+        assert len(beats) == 1
+        ex._children[0].finishing.set()  # the child pushes its task output
+        _drive(ex, 0.8)
+        assert len(beats) == 1 and child.is_alive() and ex.logged == []
+    finally:
+        _reap(child)
+
+
+def test_the_child_tells_the_executor_as_it_reports_its_tasks_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import threading
+
+    from flwr.supernode import cli as flower_cli
+    from flwr.supernode.runtime import run_clientapp
+
+    from cli.warm import _clientapp_child
+
+    finishing = threading.Event()
+    pushed: list[bool] = []
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    monkeypatch.setattr(
+        run_clientapp,
+        "pull_and_inflate_object_from_tree",
+        run_clientapp.pull_and_inflate_object_from_tree,
+    )
+    monkeypatch.setattr(
+        run_clientapp, "push_task_output", lambda **kwargs: pushed.append(finishing.is_set())
+    )
+    # Flower's clientapp: reports its task's end through the module's function
+    monkeypatch.setattr(
+        flower_cli, "flwr_clientapp", lambda: run_clientapp.push_task_output(client=None)
+    )
+    _clientapp_child(["flwr-clientapp"], False, finishing)
+    assert pushed == [True]  # set before the node hears of it
