@@ -48,11 +48,13 @@ def compose() -> dict:
     return yaml.safe_load(out.stdout)
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_without_the_host_uid_compose_refuses_and_says_what_to_set() -> None:
     out = compose_config({})
     assert out.returncode != 0 and "set FEDHET_UID (your id -u) in .env" in out.stderr
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_superlink_command_is_the_loopback_one(compose: dict) -> None:
     want = superlink_command(host="0.0.0.0", port=9092, certs=Path("/certs"))
     assert compose["services"]["superlink"]["command"] == want
@@ -60,6 +62,7 @@ def test_superlink_command_is_the_loopback_one(compose: dict) -> None:
     assert "--disable-runtime-dependency-installation" in want
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -> None:
     services = compose["services"]
     nodes = {k: v for k, v in services.items() if k.startswith("supernode-")}
@@ -109,6 +112,7 @@ def _mounts(svc: dict) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_each_service_mounts_only_the_secrets_it_needs(compose: dict) -> None:
     """A SuperNode sees the CA certificate and its own private key, the SuperLink its
     own certificate and key, ``register`` the public keys; only the one-shot ``init``
@@ -134,6 +138,7 @@ def test_each_service_mounts_only_the_secrets_it_needs(compose: dict) -> None:
     assert set(compose["volumes"]) >= SECRET_VOLUMES
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_the_superlink_writes_results_to_the_host_as_the_host_user(compose: dict) -> None:
     """No chown of the host folder: the SuperLink runs as FEDHET_UID (the image's group,
     whose home and FLWR_HOME are group-writable) and writes ./deploy/results."""
@@ -148,6 +153,7 @@ def test_the_superlink_writes_results_to_the_host_as_the_host_user(compose: dict
     assert "chmod -R g+w /flwr-home /home/fedhet" in dockerfile
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to other uids needs root, as in the container")
 def test_the_init_script_gives_each_volume_its_files_only(compose: dict, tmp_path: Path) -> None:
     """The ``init`` service's own script, run here with its paths moved into a temporary
@@ -193,6 +199,7 @@ def test_the_init_script_gives_each_volume_its_files_only(compose: dict, tmp_pat
     assert failed.returncode != 0 and "deploy/keys/node-2 is missing" in failed.stdout
 
 
+@pytest.mark.slow  # docker-compose config: .venv-compose (test.sh --all)
 def test_registration_and_health_checks(compose: dict) -> None:
     services = compose["services"]
     assert services["superlink"]["healthcheck"]["test"][-1].startswith("https://")

@@ -106,6 +106,7 @@ def test_polling_grid_stops_at_the_timeout() -> None:
     assert replies == [] and 0.3 <= time.monotonic() - start < 1.0
 
 
+@pytest.mark.slow  # a real warm parent: imports torch in a fork server
 def test_the_warm_parent_preloads_the_optimiser_imports_and_starts_no_thread() -> None:
     """After PRELOAD, a process's first torch optimiser imports nothing more (else every
     forked training task pays for it again), and PRELOAD starts no native thread beyond
