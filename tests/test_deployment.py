@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -17,6 +16,12 @@ import pytest
 
 from cli.federation import Federation
 from cli.launch import free_port
+from tests.federation_support import (
+    app_copy,
+    marked_app,
+    run_overrides,
+    training_child,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
@@ -40,15 +45,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
 
 
 def overrides(fed: Federation, name: str, **extra) -> dict:  # type: ignore[no-untyped-def]
-    return {
-        "algorithm": "fedre",
-        "num-server-rounds": 2,
-        "data.fraction": 0.05,
-        "data.cache-dir": str(fed.workdir / "cache"),
-        "round-timeout": 300.0,
-        "out-dir": str(fed.workdir / name),
-        **extra,
-    }
+    return run_overrides(fed, name, "fedre", **extra)
 
 
 def results(fed: Federation, name: str) -> dict:
@@ -128,35 +125,11 @@ def test_warm_and_cold_executors_give_the_same_metrics(fed: Federation, tmp_path
     assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
 
 
-def _task_children(fed: Federation, node: int) -> list[int]:
-    """Task processes of node ``node``: children of its warm executor's fork server."""
-    from cli.launch import descendants
-
-    superexec = fed.procs.procs[f"superexec-{node}"].pid
-    servers = [
-        p
-        for p in descendants(superexec)
-        if "forkserver" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
-    ]
-    return [c for s in servers for c in descendants(s)]
-
-
-def _app_copy(tmp_path: Path) -> Path:
-    """A copy of this app that a test may change (its own FAB)."""
-    app = tmp_path / "app"
-    shutil.copytree(
-        ROOT,
-        app,
-        ignore=shutil.ignore_patterns(".venv*", ".git", ".flwr", "benchmarks", "docs", "tests"),
-    )
-    return app
-
-
 def test_a_second_run_with_changed_app_code_uses_the_new_code(
     fed: Federation, tmp_path: Path
 ) -> None:
     """The warm parent never imports the app: each run's FAB is what its tasks run."""
-    app = _app_copy(tmp_path)
+    app = app_copy(tmp_path)
     source, config = app / "client_app" / "app.py", app / "common" / "config.py"
     original, original_config = source.read_text(), config.read_text()
     assert '"rounds-trained": run.rounds_trained,' in original
@@ -218,54 +191,6 @@ def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) ->
 # ------------------------------------------- near the end: these two disturb node 1
 
 
-TRAINING_MARKER_MOD = """
-
-def _training_marker(msg, context, call_next):
-    # test build: a file names each task child while it trains (before its reply exists)
-    import os
-    from pathlib import Path
-    if not msg.metadata.message_type.startswith("train"):
-        return call_next(msg, context)
-    marker = Path({folder!r}) / str(os.getpid())
-    marker.touch()
-    try:
-        return call_next(msg, context)
-    finally:
-        marker.unlink()
-
-
-app = ClientApp(mods=[_training_marker, parameter_dp])
-"""
-
-
-def _marked_app(tmp_path: Path) -> tuple[Path, Path]:
-    """A test build of the app whose task children mark themselves while they train:
-    (app folder, marker folder)."""
-    app = _app_copy(tmp_path)
-    training = tmp_path / "training"
-    training.mkdir()
-    source = app / "client_app" / "app.py"
-    assert "\napp = ClientApp(mods=[parameter_dp])\n" in source.read_text()
-    source.write_text(
-        source.read_text().replace(
-            "\napp = ClientApp(mods=[parameter_dp])\n",
-            TRAINING_MARKER_MOD.format(folder=str(training)),
-        )
-    )
-    return app, training
-
-
-def _training_child(fed: Federation, node: int, training: Path, timeout: float = 120) -> int | None:
-    """Wait for a task child of ``node`` that is inside its training handler."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in _task_children(fed, node):
-            if (training / str(pid)).exists():
-                return pid
-        time.sleep(0.02)
-    return None
-
-
 def _run_marked(fed: Federation, app: Path, name: str, hunt) -> object:  # type: ignore[no-untyped-def]
     """Run 2 fedre rounds with the marked app; ``hunt`` starts in a thread once round 1's
     tasks are next."""
@@ -284,12 +209,12 @@ def _run_marked(fed: Federation, app: Path, name: str, hunt) -> object:  # type:
 def test_a_killed_task_child_fails_only_its_task(fed: Federation, tmp_path: Path) -> None:
     """SIGKILL of a task child while it trains (a test build of the app marks those
     children): that task's reply is lost, every other task of the run completes."""
-    app, training = _marked_app(tmp_path)
+    app, training = marked_app(tmp_path)
     killed: list[int] = []
     marked_after_kill: list[bool] = []
 
     def hunt() -> None:
-        if killed or (pid := _training_child(fed, 1, training)) is None:
+        if killed or (pid := training_child(fed, 1, training)) is None:
             return
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -314,11 +239,11 @@ def test_a_killed_task_child_fails_only_its_task(fed: Federation, tmp_path: Path
 def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation, tmp_path: Path) -> None:
     """SIGKILL of node 1 (SuperNode and executor) while it trains in round 1, so it
     cannot have replied: the run goes on with the two others in both rounds."""
-    app, training = _marked_app(tmp_path)
+    app, training = marked_app(tmp_path)
     killed: list[int] = []
 
     def hunt() -> None:
-        if killed or (pid := _training_child(fed, 1, training)) is None:
+        if killed or (pid := training_child(fed, 1, training)) is None:
             return
         fed.stop_node(1, sig=signal.SIGKILL)
         killed.append(pid)

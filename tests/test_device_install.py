@@ -98,17 +98,22 @@ def run_script(
     )
 
 
-@pytest.fixture
-def node_files(tmp_path: Path) -> dict[str, Path]:
-    files = {"prefix": tmp_path / "root", "home": tmp_path / "home"}
+def make_node_files(work: Path) -> dict[str, Path]:
+    """An install root, a HOME, and stand-ins for the CA certificate and node key."""
+    files = {"prefix": work / "root", "home": work / "home"}
     for folder in files.values():
         folder.mkdir()
-    files["ca"] = tmp_path / "ca.crt"
+    files["ca"] = work / "ca.crt"
     files["ca"].write_text("-----BEGIN CERTIFICATE-----\nnot a real one\n")
-    files["key"] = tmp_path / "node-0"
+    files["key"] = work / "node-0"
     files["key"].write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real one\n")
     files["key"].chmod(0o600)
     return files
+
+
+@pytest.fixture
+def node_files(tmp_path: Path) -> dict[str, Path]:
+    return make_node_files(tmp_path)
 
 
 def settings(files: dict[str, Path]) -> list[str]:
@@ -445,13 +450,7 @@ def test_dry_run_builds_a_device_environment_from_an_offline_wheelhouse() -> Non
     had_user = _has_user("fedhet")
     with tempfile.TemporaryDirectory(prefix="fedhet-device-install-") as tmp:
         work = Path(tmp)
-        files = {"prefix": work / "root", "home": work / "home"}
-        for folder in files.values():
-            folder.mkdir()
-        files["ca"] = work / "ca.crt"
-        files["ca"].write_text("-----BEGIN CERTIFICATE-----\nfor this test\n")
-        files["key"] = work / "node-0"
-        files["key"].write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nfor this test\n")
+        files = make_node_files(work)
         house = work / "wheelhouse"
         house.mkdir()
 

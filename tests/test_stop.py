@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli.federation import CONNECTION, Federation
-from cli.launch import descendants
-from tests.test_deployment import _marked_app
+from tests.federation_support import marked_app, run_overrides, task_children, training_child
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
@@ -35,37 +34,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
 
 
 def overrides(fed: Federation, name: str, **extra) -> dict:  # type: ignore[no-untyped-def]
-    return {
-        "algorithm": "local",
-        "num-server-rounds": 2,
-        "data.fraction": 0.05,
-        "data.cache-dir": str(fed.workdir / "cache"),
-        "round-timeout": 300.0,
-        "out-dir": str(fed.workdir / name),
-        **extra,
-    }
-
-
-def _task_children(fed: Federation, node: int) -> list[int]:
-    """Task processes of node ``node``: children of its warm executor's fork server
-    (processes may end while they are listed)."""
-    servers = []
-    for pid in descendants(fed.procs.procs[f"superexec-{node}"].pid):
-        with contextlib.suppress(OSError):
-            if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                servers.append(pid)
-    return [c for s in servers for c in descendants(s)]
-
-
-def _training_child(fed: Federation, node: int, training: Path, timeout: float) -> int | None:
-    """Wait for a task child of ``node`` that is inside its training handler."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in _task_children(fed, node):
-            if (training / str(pid)).exists():
-                return pid
-        time.sleep(0.05)
-    return None
+    return run_overrides(fed, name, "local", **extra)
 
 
 def _alive(pid: int) -> bool:
@@ -80,7 +49,7 @@ def _alive(pid: int) -> bool:
 def test_a_stopped_run_ends_its_tasks_and_does_not_delay_the_next_run(
     fed: Federation, tmp_path: Path
 ) -> None:
-    app, training = _marked_app(tmp_path)
+    app, training = marked_app(tmp_path)
     run_ids: list[int] = []
     stopped: dict[str, object] = {}
     hunters: list[threading.Thread] = []
@@ -88,9 +57,9 @@ def test_a_stopped_run_ends_its_tasks_and_does_not_delay_the_next_run(
     def stop_while_training() -> None:
         # both nodes inside their round-1 training handler, then `flwr stop`
         try:
-            if any(_training_child(fed, n, training, timeout=180) is None for n in range(NODES)):
+            if any(training_child(fed, n, training, timeout=180) is None for n in range(NODES)):
                 return
-            children = [pid for n in range(NODES) for pid in _task_children(fed, n)]
+            children = [pid for n in range(NODES) for pid in task_children(fed, n)]
             start = time.monotonic()
             stopped["output"] = fed.flwr("stop", str(run_ids[0]), CONNECTION)
             returned = time.monotonic()  # the run is stopped on the SuperLink by now

@@ -1,0 +1,97 @@
+"""Helpers of the tests that run a real federation on loopback (test_deployment,
+test_stop): run overrides, a changeable copy of the app, task children of a node."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+
+from cli.federation import Federation
+from cli.launch import descendants
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_overrides(fed: Federation, name: str, algorithm: str, **extra) -> dict:  # type: ignore[no-untyped-def]
+    """A small run (2 rounds, 5 % of the data) writing to ``<workdir>/<name>``."""
+    return {
+        "algorithm": algorithm,
+        "num-server-rounds": 2,
+        "data.fraction": 0.05,
+        "data.cache-dir": str(fed.workdir / "cache"),
+        "round-timeout": 300.0,
+        "out-dir": str(fed.workdir / name),
+        **extra,
+    }
+
+
+def app_copy(tmp_path: Path) -> Path:
+    """A copy of this app that a test may change (its own FAB)."""
+    app = tmp_path / "app"
+    shutil.copytree(
+        ROOT,
+        app,
+        ignore=shutil.ignore_patterns(".venv*", ".git", ".flwr", "benchmarks", "docs", "tests"),
+    )
+    return app
+
+
+def task_children(fed: Federation, node: int) -> list[int]:
+    """Task processes of node ``node``: children of its warm executor's fork server
+    (processes may end while they are listed)."""
+    servers = []
+    for pid in descendants(fed.procs.procs[f"superexec-{node}"].pid):
+        with contextlib.suppress(OSError):
+            if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                servers.append(pid)
+    return [c for s in servers for c in descendants(s)]
+
+
+TRAINING_MARKER_MOD = """
+
+def _training_marker(msg, context, call_next):
+    # test build: a file names each task child while it trains (before its reply exists)
+    import os
+    from pathlib import Path
+    if not msg.metadata.message_type.startswith("train"):
+        return call_next(msg, context)
+    marker = Path({folder!r}) / str(os.getpid())
+    marker.touch()
+    try:
+        return call_next(msg, context)
+    finally:
+        marker.unlink()
+
+
+app = ClientApp(mods=[_training_marker, parameter_dp])
+"""
+
+
+def marked_app(tmp_path: Path) -> tuple[Path, Path]:
+    """A test build of the app whose task children mark themselves while they train:
+    (app folder, marker folder)."""
+    app = app_copy(tmp_path)
+    training = tmp_path / "training"
+    training.mkdir()
+    source = app / "client_app" / "app.py"
+    assert "\napp = ClientApp(mods=[parameter_dp])\n" in source.read_text()
+    source.write_text(
+        source.read_text().replace(
+            "\napp = ClientApp(mods=[parameter_dp])\n",
+            TRAINING_MARKER_MOD.format(folder=str(training)),
+        )
+    )
+    return app, training
+
+
+def training_child(fed: Federation, node: int, training: Path, timeout: float = 120) -> int | None:
+    """Wait for a task child of ``node`` that is inside its training handler."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in task_children(fed, node):
+            if (training / str(pid)).exists():
+                return pid
+        time.sleep(0.02)
+    return None
