@@ -2,7 +2,8 @@
 # Build the image, start docker-compose.yml (TLS, node auth, warm executors), check that
 # each container holds only its own secrets, run 2 rounds of fedre from the host twice
 # (the second run must repeat the first's metrics), check the results on the host are
-# yours, tear everything down. Needs a Docker engine and network access for the build
+# yours, stop a long run while every node trains (its tasks must end within 10 s) and
+# run once more, tear everything down. Needs a Docker engine and network access for the build
 # (torch comes from a package index); not part of the test suite.
 #
 #   bash scripts/compose-check.sh
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-say() { printf '[compose-check] %s\n' "$*"; }
+tell() { printf '[compose-check] %s\n' "$*"; }
 die() { printf '[compose-check] %s\n' "$*" >&2; exit 1; }
 
 # 1. Every tool, before anything is built.
@@ -30,20 +31,17 @@ if docker compose version >/dev/null 2>&1; then
 elif command -v docker-compose >/dev/null 2>&1 && docker-compose version >/dev/null 2>&1; then
   COMPOSE=(docker-compose)
 else
-  say "no working 'docker compose' or 'docker-compose': making .venv-compose (scripts/compose-venv.sh)"
+  tell "no working 'docker compose' or 'docker-compose': making .venv-compose (scripts/compose-venv.sh)"
   command -v python3 >/dev/null 2>&1 || die "python3 is needed to create .venv-compose"
   bash scripts/compose-venv.sh || die "could not create .venv-compose; install Docker's compose plugin or Debian's docker-compose instead"
   COMPOSE=("$PWD/.venv-compose/bin/docker-compose")
 fi
-say "compose: ${COMPOSE[*]} ($("${COMPOSE[@]}" version --short 2>/dev/null || echo '?'))"
-for port in 9092; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    die "port $port on 127.0.0.1 is in use: the SuperLink publishes it (stop what holds it)"
-  fi
-done
+tell "compose: ${COMPOSE[*]} ($("${COMPOSE[@]}" version --short 2>/dev/null || echo '?'))"
+if (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null; then
+  die "port 9092 on 127.0.0.1 is in use: the SuperLink publishes it (stop what holds it)"
+fi
 # the project's virtualenv: `fedhet certs/keys` and the `flwr` CLI that starts the run
 source scripts/setup.sh
-say() { printf '[compose-check] %s\n' "$*"; }  # setup.sh has its own
 
 export FEDHET_BASE="${FEDHET_BASE:-python:3.11-slim-bookworm}"
 export FEDHET_TORCH_INDEX="${FEDHET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
@@ -53,7 +51,7 @@ HOME_DIR="$(mktemp -d)"
 CA_COPY=deploy/build-ca/ca.crt
 
 cleanup() {
-  say "tearing down"
+  tell "tearing down"
   "${COMPOSE[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
   rm -rf "$HOME_DIR"
   if [ -n "${FEDHET_BUILD_CA:-}" ]; then rm -f "$CA_COPY"; fi
@@ -77,16 +75,16 @@ mkdir -p deploy/results
 if [ -n "${FEDHET_BUILD_CA:-}" ]; then cp "$FEDHET_BUILD_CA" "$CA_COPY"; fi
 
 # 3. Build.
-say "building fedhet:0.1.0 (base $FEDHET_BASE, torch from $FEDHET_TORCH_INDEX)"
+tell "building fedhet:0.1.0 (base $FEDHET_BASE, torch from $FEDHET_TORCH_INDEX)"
 start=$(date +%s)
 docker build --network "${FEDHET_BUILD_NETWORK:-default}" --build-arg "BASE=$FEDHET_BASE" \
   --build-arg "TORCH_INDEX=$FEDHET_TORCH_INDEX" -t fedhet:0.1.0 . >/tmp/fedhet-build.log 2>&1 ||
   { tail -30 /tmp/fedhet-build.log; die "docker build failed (log: /tmp/fedhet-build.log)"; }
 size=$(docker image inspect fedhet:0.1.0 --format '{{.Size}}')
-say "built in $(( $(date +%s) - start )) s; image size $(( size / 1000000 )) MB"
+tell "built in $(( $(date +%s) - start )) s; image size $(( size / 1000000 )) MB"
 
 # 4. Start.
-say "starting the stack"
+tell "starting the stack"
 "${COMPOSE[@]}" up -d
 healthy=0
 for _ in $(seq 1 120); do
@@ -112,7 +110,7 @@ for i in 0 1 2; do
 done
 got=$(private_keys superlink | tr '\n' ' ')
 [ "$got" = "/certs/server.key " ] || die "the SuperLink can read private keys [$got], want only /certs/server.key"
-say "secrets: each SuperNode reads only its own key (0400, uid 49999), the SuperLink only server.key"
+tell "secrets: each SuperNode reads only its own key (0400, uid 49999), the SuperLink only server.key"
 
 # 6. Two runs from the host: the second repeats the first.
 export FLWR_HOME="$HOME_DIR"
@@ -126,12 +124,12 @@ root-certificates = "$PWD/deploy/certs/ca.crt"
 EOF
 RUN_CONFIG="algorithm='fedre' num-server-rounds=2 data.fraction=0.05"
 run_once() {
-  say "run $1: 2 rounds of fedre from the host"
+  tell "run $1: 2 rounds of fedre from the host"
   flwr run . compose --stream --run-config "$RUN_CONFIG" |
     grep --line-buffered -E '\[fedhet\]|ERROR' || true
   status=$(flwr list compose --format json |
     python -c 'import json,sys; print(max(json.load(sys.stdin)["runs"], key=lambda r: int(r["run-id"]))["status"])')
-  say "run $1 status: $status"
+  tell "run $1 status: $status"
   [ "$status" = "finished:completed" ] || die "run $1 did not complete ($status)"
 }
 run_once 1
@@ -139,7 +137,7 @@ first=$(ls -t deploy/results/*/results.json | head -1)
 run_once 2
 second=$(ls -t deploy/results/*/results.json | head -1)
 [ "$first" != "$second" ] || die "the second run wrote no results"
-say "results on the host: $first, $second (owner uid $(stat -c %u "$second"), yours is $(id -u))"
+tell "results on the host: $first, $second (owner uid $(stat -c %u "$second"), yours is $(id -u))"
 [ "$(stat -c %u "$second")" = "$(id -u)" ] && [ "$(stat -c %u "$(dirname "$second")")" = "$(id -u)" ] ||
   die "the results are not owned by you"
 python - "$first" "$second" <<'EOF'
@@ -151,4 +149,38 @@ same = [(a["accuracy"], a["loss"]) == (b["accuracy"], b["loss"]) for a, b in zip
 print(f"  second run repeats the first: {same}")
 sys.exit(0 if all(same) else 1)
 EOF
-say "ok"
+
+# 7. flwr stop ends a stopped run's tasks on every node, and the next run is not held up.
+busy() {  # task children of a node's warm executor (fork server children)
+  "${COMPOSE[@]}" exec -T "superexec-$1" sh -c \
+    'n=$(grep -l forkserver /proc/[0-9]*/cmdline 2>/dev/null | wc -l); echo $((n > 0 ? n - 1 : 0))' |
+    tr -d '\r'
+}
+tell "run 3: all the data, 50 local epochs a round; stopped once every node trains"
+out=$(flwr run . compose --run-config \
+  "algorithm='local' num-server-rounds=2 data.fraction=1.0 train.local-epochs=50" 2>&1)
+run_id=$(grep -oE 'started run [0-9]+' <<<"$out" | grep -oE '[0-9]+$' || true)
+[ -n "$run_id" ] || die "could not start run 3: $out"
+for _ in $(seq 1 240); do
+  training=0
+  for i in 0 1 2; do [ "$(busy "$i")" -gt 0 ] && training=$((training + 1)); done
+  [ "$training" -eq 3 ] && break
+  sleep 0.5
+done
+[ "$training" -eq 3 ] || die "run 3: the nodes never all trained"
+flwr stop "$run_id" compose >/dev/null
+stopped=$(date +%s.%N)
+while :; do
+  left=0
+  for i in 0 1 2; do left=$((left + $(busy "$i"))); done
+  gone=$(python -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.1f}')" "$(date +%s.%N)" "$stopped")
+  [ "$left" -eq 0 ] && break
+  python -c "import sys; sys.exit(float(sys.argv[1]) < 60)" "$gone" && die "run 3: $left task children still alive 60 s after flwr stop"
+  sleep 0.2
+done
+tell "run 3 stopped: every node's task children gone ${gone} s after flwr stop returned"
+start=$(date +%s)
+run_once 4
+tell "run 4 took $(( $(date +%s) - start )) s in all"
+python -c "import sys; sys.exit(float(sys.argv[1]) >= 10)" "$gone" || die "run 3's tasks outlived flwr stop by more than 10 s"
+tell "ok"
