@@ -151,9 +151,10 @@ sys.exit(0 if all(same) else 1)
 EOF
 
 # 7. flwr stop ends a stopped run's tasks on every node, and the next run is not held up.
-busy() {  # task children of a node's warm executor (fork server children)
+busy() {  # task children of a node's warm executor: fork server processes but the server
+  # (the pattern's brackets keep the sh and grep running it from matching it)
   "${COMPOSE[@]}" exec -T "superexec-$1" sh -c \
-    'n=$(grep -l forkserver /proc/[0-9]*/cmdline 2>/dev/null | wc -l); echo $((n > 0 ? n - 1 : 0))' |
+    'n=$(grep -l "multiprocessing.forkserve[r]" /proc/[0-9]*/cmdline 2>/dev/null | wc -l); echo $((n > 0 ? n - 1 : 0))' |
     tr -d '\r'
 }
 tell "run 3: all the data, 50 local epochs a round; stopped once every node trains"
