@@ -1,6 +1,6 @@
 # One image for every role: SuperLink, SuperNode, the warm executor (`fedhet superexec`)
 # and the `flwr` CLI. CPU torch for amd64 and arm64 (Raspberry Pi 4/5, Jetson CPU; for
-# CUDA on a Jetson use an NVIDIA L4T base image, see README "Running a client on a
+# CUDA on a Jetson use an NVIDIA L4T base image, see docs/deployment.md "Running a client on a
 # Raspberry Pi / Jetson").
 #   docker build -t fedhet:0.1.0 .
 #   docker build --build-arg BASE=<debian-bookworm image with python3-venv> \

@@ -1,7 +1,7 @@
 """README tables and plots from the runs of ``benchmarks/accuracy.py``.
 
     python benchmarks/tables.py            # print the tables, write docs/results/*.png
-    python benchmarks/tables.py --readme   # also replace the README's results sections
+    python benchmarks/tables.py --readme   # also replace the results blocks (README, docs/)
 
 Only complete runs are used; a row says how many seeds it has.
 """
@@ -410,7 +410,7 @@ def faults_section() -> str:
 def replace_block(text: str, tag: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{tag} -->\n).*?(<!-- /results:{tag} -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"README has no <!-- results:{tag} --> block")
+        raise SystemExit(f"no <!-- results:{tag} --> block")
     return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
 
 
@@ -452,14 +452,32 @@ def main() -> None:
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():
-        print(text or f"({tag}: no measurement archived; README block left as it is)\n")
+        print(text or f"({tag}: no measurement archived; its block left as it is)\n")
     if args.readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
-        for tag, body in sections.items():
-            if body:
-                text = replace_block(text, tag, body)
-        readme.write_text(text)
+        write_blocks({tag: body for tag, body in sections.items() if body})
+
+
+BLOCK_FILES = (
+    "README.md",
+    "docs/robustness.md",
+    "docs/results/methods.md",
+    "docs/deployment.md",
+    "docs/privacy.md",
+)
+"""Where the ``<!-- results:TAG -->`` blocks live: the README's summary, the rest in docs/."""
+
+
+def write_blocks(bodies: dict[str, str]) -> None:
+    """Replace each block in the file that holds it; a block found nowhere is an error."""
+    left = dict(bodies)
+    for name in BLOCK_FILES:
+        path = ROOT / name
+        text = path.read_text()
+        for tag in [t for t in left if f"<!-- results:{t} -->" in text]:
+            text = replace_block(text, tag, left.pop(tag))
+        path.write_text(text)
+    if left:
+        raise SystemExit(f"no file of {BLOCK_FILES} has the blocks {sorted(left)}")
 
 
 if __name__ == "__main__":

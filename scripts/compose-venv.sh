@@ -3,7 +3,7 @@
 # offline (tests/test_compose.py) and drives a Docker engine where neither `docker compose`
 # (v2) nor a working `docker-compose` is installed (scripts/compose-check.sh).
 #
-# The pins live here and nowhere else (README "Docker" names them):
+# The pins live here and nowhere else (docs/deployment.md, "Docker", names them):
 #   docker-compose==1.29.2   the last Python release of Compose
 #   docker<7                 docker 7 dropped kwargs_from_env(ssl_version=...), which 1.29.2 passes
 #   requests<2.32            requests 2.32 rejects docker-py 6's "http+docker" URL scheme

@@ -3,7 +3,7 @@
 # virtualenv at /opt/fedhet with the pinned runtime (CPU torch from PyTorch's CPU index,
 # or everything from a wheelhouse copied onto the device), fedhet's wheel, the node's
 # settings in /etc/fedhet and the systemd pair of deploy/systemd, enabled and started.
-# See README "Running a client on a Raspberry Pi / Jetson".
+# See docs/deployment.md "Running a client on a Raspberry Pi / Jetson" and docs/devices.md.
 #
 #   sudo bash scripts/device-install.sh --superlink superlink.example.org:9092 \
 #       --node-config 'partition-id=0 num-partitions=20 profile="auto"' \
@@ -39,7 +39,7 @@ ca.crt, node.key), /etc/systemd/system/fedhet-{supernode,superexec}.service.
   --key FILE             this node's private key, registered on the SuperLink with
                          'flwr supernode register' (copied to /etc/fedhet/node.key, 0400)
   --wheelhouse DIR       install offline: every package from DIR
-                         (pip --no-index --find-links DIR); see the README for building one
+                         (pip --no-index --find-links DIR); see docs/devices.md for building one
   --torch-index URL      where torch/torchvision come from when there is no wheelhouse
                          (default $DEFAULT_TORCH_INDEX, CPU builds); the rest comes
                          from pip's index (PyPI)
@@ -208,7 +208,7 @@ check_wheels() { # DIR NAME VERSION(empty: any) WHAT; sets FIT to a wheel that f
   label="$name${version:+ $version}"
   found="$(wheel_files "$dir" "$name" "$version")"
   [ -n "$found" ] ||
-    refuse "$what $dir has no $label wheel: build it as the README shows (pip download --only-binary=:all: --platform manylinux_2_28_$ARCH --python-version $PY_VERSION ...)"
+    refuse "$what $dir has no $label wheel: build it as docs/devices.md shows (pip download --only-binary=:all: --platform manylinux_2_28_$ARCH --python-version $PY_VERSION ...)"
   FIT=""
   while read -r py plat file; do
     if [[ ".$py." == *".$CP."* ]] && [[ ".$plat." == *"_$ARCH."* ]]; then
@@ -216,7 +216,7 @@ check_wheels() { # DIR NAME VERSION(empty: any) WHAT; sets FIT to a wheel that f
       return 0
     fi
   done <<<"$found"
-  refuse "$what $dir has $label wheels for $(awk '{printf "%s/%s ", $1, $2}' <<<"$found")but this device needs $CP on $ARCH ($PY is Python $PY_VERSION): build the wheelhouse with pip download --only-binary=:all: --platform manylinux_2_28_$ARCH --python-version $PY_VERSION (README), or pass the --python it was built for"
+  refuse "$what $dir has $label wheels for $(awk '{printf "%s/%s ", $1, $2}' <<<"$found")but this device needs $CP on $ARCH ($PY is Python $PY_VERSION): build the wheelhouse with pip download --only-binary=:all: --platform manylinux_2_28_$ARCH --python-version $PY_VERSION (docs/devices.md), or pass the --python it was built for"
 }
 TORCH_FILES=()
 if [ -n "$TORCH_WHEELS" ]; then
@@ -298,7 +298,7 @@ else
   cp "$REQUIREMENTS" "$RUNTIME_REQS"
   if [ -z "$WHEELHOUSE" ]; then
     pip_ install --index-url "$TORCH_INDEX" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" ||
-      fail "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION from $TORCH_INDEX failed; without a route to it, build a wheelhouse on another machine (README) and pass --wheelhouse DIR"
+      fail "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION from $TORCH_INDEX failed; without a route to it, build a wheelhouse on another machine (docs/devices.md) and pass --wheelhouse DIR"
     did "installed torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION from $TORCH_INDEX"
   fi
 fi

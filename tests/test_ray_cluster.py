@@ -1,6 +1,6 @@
 """The simulation on an existing Ray cluster (a local ``ray start --head`` stands in).
 
-Recipe under test (README "Simulation beyond one machine"): ``RAY_ADDRESS`` in the
+Recipe under test (docs/deployment.md "Simulation beyond one machine"): ``RAY_ADDRESS`` in the
 environment of the SuperLink that runs the simulation.
 """
 
