@@ -313,9 +313,7 @@ class WarmExecutor:
     def __init__(
         self, heartbeat: Callable[[Any], Callable[[], bool | None]] | None = TaskBeat
     ) -> None:
-        from flwr.supercore import log
-
-        self._log = log
+        self._log = log  # Flower's logger (tests replace it)
         self._heartbeat = heartbeat
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(PRELOAD)
