@@ -39,7 +39,7 @@ def measure(pid: int, repeats: int, algorithms: list[str]) -> dict:
     from client_app.app import app
     from common.config import flatten, parse_run_config
     from common.records import payload_bytes, to_record
-    from strategies import STRATEGIES
+    from strategies import make_strategy
     from strategies.base import NodeInfo
 
     torch.set_num_threads(1)
@@ -60,7 +60,7 @@ def measure(pid: int, repeats: int, algorithms: list[str]) -> dict:
             RecordDict({"config": ConfigRecord()}), dst_node_id=5, message_type="query.profile"
         )
         info = app(query, contexts[algo]).content.config_records["profile"]
-        strategy = STRATEGIES[algo](cfg)
+        strategy = make_strategy(cfg)
         strategy.nodes = {5: NodeInfo.from_metrics(5, info)}
         archs[algo] = strategy.nodes[5].arch
         strategy.global_arrays = strategy.init_global()
@@ -95,12 +95,12 @@ def measure(pid: int, repeats: int, algorithms: list[str]) -> dict:
 
 
 def main() -> None:
-    from strategies import STRATEGIES
+    from common.methods import names
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/compute-cost.json")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--algorithms", default=",".join(a for a in STRATEGIES if a != "fedavg"))
+    ap.add_argument("--algorithms", default=",".join(a for a in names() if a != "fedavg"))
     args = ap.parse_args()
     algorithms = [a for a in args.algorithms.split(",") if a]
     if REFERENCE not in algorithms:

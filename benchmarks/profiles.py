@@ -42,9 +42,9 @@ ask = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
               message_type="query.profile")
 info = app(ask, ctx).content["profile"]
 rss_ready = peak_mb()
-from strategies import STRATEGIES
+from strategies import make_strategy
 from strategies.base import NodeInfo
-strategy = STRATEGIES[algorithm](parse_run_config({"algorithm": algorithm}))
+strategy = make_strategy(parse_run_config({"algorithm": algorithm}))
 strategy.nodes = {5: NodeInfo.from_metrics(5, info)}
 strategy.global_arrays = strategy.init_global()
 from common.records import to_record

@@ -67,8 +67,8 @@ class Finished:
 
 def client_run(done: Finished, partition: int):  # type: ignore[no-untyped-def]
     """The client's run as its last evaluation saw it (trained model, data)."""
-    from client_app.app import HOOKS
     from client_app.base import open_run
+    from common import methods
 
     ctx = Context(
         run_id=1,
@@ -77,7 +77,7 @@ def client_run(done: Finished, partition: int):  # type: ignore[no-untyped-def]
         state=RecordDict(),
         run_config=done.config,
     )
-    hook = HOOKS[done.config["algorithm"]]
+    hook = methods.get(done.config["algorithm"]).client_hook()
     run = open_run(ctx, done.last, hook, str(done.out_dir / "clients"), training=False)
     if run.rounds_trained == 0:
         raise FileNotFoundError(

@@ -11,11 +11,7 @@ from flwr.clientapp.mod import LocalDpMod
 from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
-from client_app.fedara import FedARAHook
-from client_app.fedlora import FedLoRAHook
-from client_app.hooks import FedAvgHook, LGFedAvgHook, LocalHook
-from client_app.mutual import FedKDHook, FMLHook
-from client_app.prototypes import FedGHHook, FedProtoHook, FedREHook, FedTGPHook
+from common import methods
 from common.records import to_record, to_torch
 
 
@@ -27,35 +23,13 @@ def non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
-HOOKS: dict[str, ClientHook] = {
-    h.name: h
-    for h in (
-        LocalHook(),
-        FedAvgHook(),
-        LGFedAvgHook(),
-        FedProtoHook(),
-        FedGHHook(),
-        FedREHook(),
-        FedARAHook(),
-        FedLoRAHook(),
-        FedTGPHook(),
-        FedKDHook(),
-        FMLHook(),
-    )
-}
-
-PARAMETER_UPLOADS = ("fedavg", "lgfedavg", "fedlora", "fml", "fedara")
-"""Algorithms whose reply carries the arrays they were sent, updated (what Flower's
-LocalDpMod can clip and noise)."""
-
-
 def parameter_dp(msg: Message, context: Context, call_next):  # type: ignore[no-untyped-def]
     """``privacy.dp-clip`` > 0: Flower's own LocalDpMod on parameter uploads (the
     update clipped to that norm, Gaussian noise for (dp-epsilon, dp-delta), sensitivity
     = the clipping norm); otherwise, and for every other message, nothing."""
     p = run_config(context).privacy
     kind = msg.metadata.message_type.split(".")
-    if p.dp_clip <= 0 or kind[0] != "train" or kind[-1] not in PARAMETER_UPLOADS:
+    if p.dp_clip <= 0 or kind[0] != "train" or not _uploads_parameters(kind[-1]):
         return call_next(msg, context)
     dp = LocalDpMod(
         clipping_norm=p.dp_clip, sensitivity=p.dp_clip, epsilon=p.dp_epsilon, delta=p.dp_delta
@@ -63,13 +37,14 @@ def parameter_dp(msg: Message, context: Context, call_next):  # type: ignore[no-
     return dp(msg, context, call_next)
 
 
-app = ClientApp(mods=[parameter_dp])
+def _uploads_parameters(name: str) -> bool:
+    method = methods.METHODS.get(name)
+    return method is not None and method.uploads_parameters
 
 
-@app.query("profile")
 def profile(msg: Message, context: Context) -> Message:
     """Tell the server who this node is (partition, architecture, data sizes)."""
-    hook = HOOKS[run_config(context).algorithm]
+    hook = methods.get(run_config(context).algorithm).client_hook()
     return Message(
         RecordDict({"profile": profile_record(context, hook)}),
         reply_to=msg,
@@ -166,16 +141,25 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
-def _register(name: str, hook: ClientHook) -> None:
+def make_app() -> ClientApp:
+    """A ClientApp that answers ``query.profile`` and, for every registered method,
+    ``train.<name>`` / ``evaluate.<name>`` with that method's client hook."""
+    client = ClientApp(mods=[parameter_dp])
+    client.query("profile")(profile)
+    for method in methods.METHODS.values():
+        _route(client, method.name)
+    return client
+
+
+def _route(client: ClientApp, name: str) -> None:
     def train(msg: Message, context: Context) -> Message:
-        return handle_train(hook, msg, context)
+        return handle_train(methods.get(name).client_hook(), msg, context)
 
     def evaluate(msg: Message, context: Context) -> Message:
-        return handle_evaluate(hook, msg, context)
+        return handle_evaluate(methods.get(name).client_hook(), msg, context)
 
-    app.train(name)(train)
-    app.evaluate(name)(evaluate)
+    client.train(name)(train)
+    client.evaluate(name)(evaluate)
 
 
-for _name, _hook in HOOKS.items():
-    _register(_name, _hook)
+app = make_app()

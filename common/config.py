@@ -8,278 +8,59 @@ names the key and what is allowed.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
-Algorithm = Literal[
-    "local",
-    "fedavg",
-    "lgfedavg",
-    "fedproto",
-    "fedgh",
-    "fedre",
-    "fedara",
-    "fedlora",
-    "fedtgp",
-    "fedkd",
-    "fml",
+from common import methods
+from common.errors import ConfigError
+from common.sections import (
+    DataConfig,
+    FedARAConfig,
+    FedGHConfig,
+    FedKDConfig,
+    FedLoRAConfig,
+    FedProtoConfig,
+    FedREConfig,
+    FedTGPConfig,
+    FMLConfig,
+    ModelConfig,
+    PrivacyConfig,
+    Section,
+    TrainConfig,
+    _kebab,
+)
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "FedARAConfig",
+    "RunConfig",
+    "Scalar",
+    "flatten",
+    "known_keys",
+    "parse_run_config",
 ]
-"""Every value ``algorithm`` accepts; each has a strategy and a client hook."""
 
 Scalar = bool | int | float | str
 
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
-class ConfigError(ValueError):
-    """A run-config key is unknown or has a value that is not allowed."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True
-    )
-
-
-class DataConfig(_Section):
-    """``data.*``: which dataset, how it is split over clients, where it lives."""
-
-    name: Literal[
-        "fashion-mnist",
-        "cifar10",
-        "cifar100",
-        "tiny-imagenet",
-        "npz",
-        "imagefolder",
-        "clients-npz",
-        "synthetic",
-    ] = "fashion-mnist"
-    root: str = ""
-    """Dataset location; empty = the dataset's default places (see README)."""
-    partition: Literal["dirichlet", "pathological", "iid"] = "dirichlet"
-    alpha: float = Field(0.1, gt=0)
-    classes_per_client: int = Field(2, ge=1)
-    protocol: Literal["merge", "official"] = "merge"
-    fraction: float = Field(1.0, gt=0, le=1)
-    download: bool = False
-    train_fraction: float = Field(0.75, gt=0, lt=1)
-    """Share of each client's samples used for local training (rest: local test)."""
-    min_train_samples: int = Field(10, ge=1)
-    min_test_samples: int = Field(2, ge=1)
-    cache_dir: str = ""
-    """Where computed partitions are cached; empty = ``~/.cache/fedhet/partitions``."""
-
-
-class ModelConfig(_Section):
-    """``model.*``: the model family and the unified representation size ``d``."""
-
-    family: str = "cnn"
-    """A family name (``cnn``, ``fedavgcnn``, ``htfe``, ...) or a comma-separated
-    list of architecture names, assigned round-robin by partition id."""
-    feature_dim: int = Field(0, ge=0)
-    """Unified representation size ``d``; 0 = the family's natural ``d``."""
-    small_input_stem: bool = True
-    init: Literal["per-client", "shared"] = "per-client"
-    """Initial weights: ``per-client`` (seeded by (seed, partition)) or ``shared``
-    (every client of an architecture starts from the same weights, seeded by
-    (seed, architecture), as HtFLlib and FedAvg do)."""
-
-    @field_validator("family")
-    @classmethod
-    def _known_family(cls, family: str) -> str:
-        from models.families import family_archs  # lazy: keeps config import light
-
-        family_archs(family)  # raises ValueError naming model.family and the choices
-        return family
-
-
-class TrainConfig(_Section):
-    """``train.*``: the shared local training loop (SGD)."""
-
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(10, ge=1)
-    lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    num_threads: int = Field(1, ge=0)
-    """Torch intra-op threads per client process; 0 = leave torch's default."""
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-
-
-class FedREConfig(_Section):
-    """``fedre.*``: server-side head training on entangled representations."""
-
-    server_lr: float = Field(0.01, gt=0)
-    server_epochs: int = Field(1, ge=1)
-    server_batch_size: int = Field(32, ge=1)
-    server_loss: Literal["mean", "sum"] = "mean"
-    """Soft-label cross-entropy of a server batch: averaged over the batch, or summed
-    (the published code's, a step ``batch`` times larger at the same lr)."""
-    mix: Literal["rap", "vap", "rsr"] = "rap"
-    """``rap``: random weights over class prototypes (the paper's default);
-    ``vap``: equal weights over prototypes; ``rsr``: random weights over raw
-    sample representations."""
-    reps_per_client: int = Field(1, ge=1)
-    """Entangled representations each client uploads per round (independent weight
-    draws; the paper: 1)."""
-
-
-class FedProtoConfig(_Section):
-    """``fedproto.*``: prototype regularisation strength and inference rule."""
-
-    lam: float = Field(10.0, ge=0, alias="lambda")
-    infer: Literal["head", "proto"] = "head"
-
-
-class FedGHConfig(_Section):
-    """``fedgh.*``: server-side head training on class prototypes."""
-
-    server_lr: float = Field(0.01, gt=0)
-    server_epochs: int = Field(100, ge=1)
-    server_batch_size: int = Field(10, ge=1)
-
-
-class FedTGPConfig(_Section):
-    """``fedtgp.*``: prototype regularisation on the client, trainable global
-    prototypes with an adaptive margin on the server."""
-
-    lam: float = Field(10.0, ge=0, alias="lambda")
-    server_epochs: int = Field(100, ge=1)
-    server_lr: float = Field(0.01, gt=0)
-    server_batch_size: int = Field(10, ge=1)
-    margin_threshold: float = Field(100.0, ge=0)
-    hidden_dim: int = Field(0, ge=0)
-    """Width of the generator's hidden layer; 0 = d."""
-
-
-class FedKDConfig(_Section):
-    """``fedkd.*``: the shared mentee and the energy its SVD-compressed update keeps."""
-
-    mentee_arch: str = ""
-    """Architecture of the shared mentee; empty = the family's smallest."""
-    energy_start: float = Field(0.95, gt=0, le=1)
-    energy_end: float = Field(0.98, gt=0, le=1)
-
-
-class FMLConfig(_Section):
-    """``fml.*``: the shared meme model and the two mutual-learning weights."""
-
-    meme_arch: str = ""
-    """Architecture of the shared meme model; empty = the family's smallest."""
-    alpha: float = Field(0.5, ge=0, le=1)
-    beta: float = Field(0.5, ge=0, le=1)
-
-
-class PrivacyConfig(_Section):
-    """``privacy.*``: protection of what leaves a device."""
-
-    clip: float = Field(0.0, ge=0)
-    """L2 bound of every uploaded representation vector (FedRE's entangled
-    representation, FedProto/FedGH/FedTGP prototypes); 0 = off."""
-    noise: float = Field(0.0, ge=0)
-    """Gaussian noise added to each such vector: σ = noise × clip."""
-    dp_clip: float = Field(0.0, ge=0)
-    """Parameter uploads (the algorithms that upload what they were sent: fedavg,
-    lgfedavg, fedlora, fml, fedara): Flower's LocalDpMod with this clipping norm of the
-    update (0 = off)."""
-    dp_epsilon: float = Field(1.0, gt=0)
-    dp_delta: float = Field(1e-5, gt=0, lt=1)
-
-
-class FedARAConfig(_Section):
-    """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
-
-    rank_tiers: str = "1,0.5,0.25,0.125,0.0625"
-    """Rank ratios assigned round-robin by partition id (node-config ``rank-ratio``
-    overrides in deployment)."""
-    layers: str = ""
-    """Comma-separated extractor layers to factorise; empty = the two largest
-    factorisable layers, first conv excluded."""
-    base_arch: str = ""
-    """Architecture every client starts from; empty = the first of model.family."""
-    lam: float = Field(2.0, ge=0, alias="lambda")
-    warmup_rounds: int = Field(10, ge=0)
-    frobenius_decay: float = Field(1e-3, ge=0)
-    decay_every: int = Field(0, ge=0)
-    """Apply the Frobenius decay as one closed-form step every this many SGD steps
-    (with weight μ·steps); 0 = once at the end of every epoch."""
-    aggregation: Literal["reconstruct", "delta", "coverage"] = "coverage"
-    """``reconstruct``: sample-weighted mean of the reconstructed uploads (the
-    paper's text); ``delta``: the global plus the weighted mean of each client's
-    change to what its tier was served; ``coverage``: ``delta`` with each singular
-    direction's update averaged over the clients whose rank covers it."""
-    served_scale: Literal["none", "energy"] = "energy"
-    """``none``: a tier gets the truncated SVD ``W_r`` (the paper); ``energy``: the
-    factors are scaled so ``‖U Vᵀ‖_F = ‖W‖_F`` (``g·W_r``), and what the tier returns
-    is divided by ``g`` before aggregation."""
-    truncation: Literal["svd", "tracked"] = "tracked"
-    """``svd``: a tier is served the truncated SVD of the global layer (the paper);
-    ``tracked``: the projection onto r directions that follow the previous round's
-    (one step of subspace iteration per global state, starting from the first
-    round's SVD), so a tier's subspace does not jump where the spectrum is flat
-    (better on every scarce seed and 11 points better in the practical regime,
-    README)."""
-    anchor_reduction: Literal["mean", "sum"] = "mean"
-    """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
-    sample, averaged over the batch (d times ``mean``)."""
-    server_lr: float = Field(3.0, gt=0)
-    """η in ``W ← W + η (W_rule − W)``, ``W_rule`` being what the aggregation rule makes
-    of the replies (every extractor tensor): 1 = the rule as is (the paper); 3 was the
-    best of 1, 2, 3, 5 in the scarce benchmark (README)."""
-
-    @field_validator("rank_tiers")
-    @classmethod
-    def _check_tiers(cls, text: str) -> str:
-        try:
-            tiers = [float(t) for t in text.split(",") if t.strip()]
-        except ValueError:
-            tiers = []
-        if not tiers or any(not 0 < t <= 1 for t in tiers):
-            raise ValueError("must be comma-separated rank ratios in (0, 1], e.g. '1,0.5,0.25'")
-        return text
-
-    def tiers(self) -> list[float]:
-        return [float(t) for t in self.rank_tiers.split(",") if t.strip()]
-
-    def layer_list(self) -> list[str]:
-        return [name.strip() for name in self.layers.split(",") if name.strip()]
-
-
-class FedLoRAConfig(_Section):
-    """``fedlora.*``: the homogeneous low-rank adapter and the two phases."""
-
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(8.0, gt=0)
-    targets: str = "head"
-    """Comma-separated places that get a LoRA branch: ``head`` (parallel to the
-    head), ``rep`` (a residual d→d branch on the representation the head reads),
-    and/or d→d Linear layers every client has (e.g. ``extractor.fc2``)."""
-    local_epochs: int = Field(1, ge=1)
-    adapter_epochs: int = Field(1, ge=1)
-    lr: float = Field(0.0, ge=0)
-    """SGD learning rate of the adapter phase; 0 = ``train.lr``."""
-
-    def target_list(self) -> list[str]:
-        return [t.strip() for t in self.targets.split(",") if t.strip()]
-
-
-class RunConfig(_Section):
+class RunConfig(Section):
     """Every run-config key of the app (see README, "Run-config")."""
 
-    algorithm: Algorithm = "lgfedavg"
+    algorithm: str = "lgfedavg"
+    """The method: a name registered in :mod:`common.methods`."""
     num_server_rounds: int = Field(10, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
     fraction_evaluate: float = Field(1.0, ge=0, le=1)
@@ -319,6 +100,21 @@ class RunConfig(_Section):
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, name: str) -> str:
+        if name not in methods.METHODS:
+            raise ValueError("must be one of " + ", ".join(repr(n) for n in methods.names()))
+        return name
+
+    def section(self, name: str) -> BaseModel:
+        """The run-config section ``name`` (a method registered from outside reads
+        its own this way; built-in sections are typed attributes)."""
+        value = getattr(self, name, None)
+        if not isinstance(value, BaseModel):
+            raise KeyError(f"no run-config section {name!r}")
+        return value
 
     @model_validator(mode="after")
     def _check_nodes(self) -> RunConfig:
@@ -371,10 +167,29 @@ def _describe(err: Mapping[str, Any], flat: Mapping[str, Scalar]) -> str:
     return f"invalid run-config: {msg}"
 
 
+def config_model() -> type[RunConfig]:
+    """:class:`RunConfig`, plus the section of every method registered from outside
+    (those added with :func:`common.methods.register`)."""
+    extra = tuple(
+        (m.name, m.section)
+        for m in methods.METHODS.values()
+        if m.section is not None and m.name not in RunConfig.model_fields
+    )
+    return _with_sections(extra)
+
+
+@functools.cache
+def _with_sections(extra: tuple[tuple[str, type[BaseModel]], ...]) -> type[RunConfig]:
+    if not extra:
+        return RunConfig
+    fields: dict[str, Any] = {name: (section, section()) for name, section in extra}
+    return create_model("RunConfig", __base__=RunConfig, **fields)
+
+
 def parse_run_config(flat: Mapping[str, Scalar]) -> RunConfig:
     """Validate Flower's flat run config; raise :class:`ConfigError` (one line)."""
     try:
-        return RunConfig.model_validate(_nest(flat))
+        return config_model().model_validate(_nest(flat))
     except ValidationError as exc:
         raise ConfigError(_describe(exc.errors()[0], flat)) from None
 
@@ -394,4 +209,4 @@ def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Scalar]:
 
 def known_keys() -> list[str]:
     """Every accepted dotted key, in declaration order."""
-    return list(flatten(RunConfig()))
+    return list(flatten(config_model()()))

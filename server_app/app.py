@@ -17,7 +17,7 @@ from common.report import Run, plot_accuracy
 from server_app import checkpoint
 from server_app.grid import PollingGrid
 from server_app.results import Recorded
-from strategies import STRATEGIES
+from strategies import make_strategy
 
 app = ServerApp()
 
@@ -56,7 +56,7 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
         out_dir = cfg.resolved_out_dir(time.strftime("%Y%m%d-%H%M%S"))
     if cfg.server_threads:
         torch.set_num_threads(cfg.server_threads)
-    strategy = STRATEGIES[cfg.algorithm](cfg)
+    strategy = make_strategy(cfg)
     if simulation:
         strategy.clients_dir = str(out_dir / "clients")
     try:

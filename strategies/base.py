@@ -80,6 +80,11 @@ class HeteroStrategy(Strategy):
         """What this round's server step measured about itself (written to the round's
         ``server-diagnostics`` in results.json, then cleared)."""
 
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> HeteroStrategy:
+        """This strategy as the run config sets it up (what the ServerApp calls)."""
+        return cls(cfg)
+
     # ------------------------------------------------------------------ subclass API
     def init_global(self) -> Arrays:
         """Initial global state from the discovered nodes (default: nothing)."""

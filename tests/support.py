@@ -11,7 +11,7 @@ from flwr.app import Context, RecordDict
 from client_app.app import app as client_app
 from common.config import flatten, parse_run_config
 from server_app.results import Recorded
-from strategies import STRATEGIES
+from strategies import make_strategy
 from tests.fakegrid import FakeGrid
 
 
@@ -34,7 +34,7 @@ def run_inprocess(tmp_path: Path, num_nodes: int = 3, **overrides) -> tuple[dict
     run_config = small_config(tmp_path, **overrides)
     cfg = parse_run_config(run_config)
     grid = FakeGrid(client_app, run_config, num_nodes)
-    strategy = STRATEGIES[cfg.algorithm](cfg)
+    strategy = make_strategy(cfg)
     recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
     initial = strategy.initial_arrays(grid)  # type: ignore[arg-type]
     recorder.start(grid, initial, num_rounds=cfg.num_server_rounds, evaluate_fn=recorder.end_round)  # type: ignore[arg-type]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import strategies.fedara as fedara_module
-from client_app.app import HOOKS
 from client_app.base import open_run
 from client_app.fedara import anchor_loss, anchor_weight, decay_step, frobenius_sq
+from common import methods
 from common.config import parse_run_config
 from common.records import to_numpy
 from models import build_model
@@ -336,7 +336,7 @@ def test_lambda_schedule() -> None:
 
 def _client_run(tmp_path: Path, server_round: int, pid: int = 1, **cfg):  # type: ignore[no-untyped-def]
     ctx = client_context(tmp_path, "fedara", pid=pid, num=5, **cfg)
-    return open_run(ctx, server_round, HOOKS["fedara"])
+    return open_run(ctx, server_round, methods.get("fedara").client_hook())
 
 
 def _install_served(run) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
@@ -347,7 +347,7 @@ def _install_served(run) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-
         for k, v in run.model.state_dict().items()
         if k.startswith("extractor.")
     }
-    HOOKS["fedara"].install(run, served)
+    methods.get("fedara").client_hook().install(run, served)
     return served
 
 
@@ -360,7 +360,7 @@ def test_anchors_are_class_means_under_the_received_extractor(
     run = _client_run(tmp_path, 3, pid=2, **{"fedara.anchor-reduction": reduction})  # tier 0.25
     served = _install_served(run)
     reference = copy.deepcopy(run.model).eval()
-    loss = HOOKS["fedara"].extra_loss(run)  # anchors computed here
+    loss = methods.get("fedara").client_hook().extra_loss(run)  # anchors computed here
     with torch.no_grad():  # "training" moves the extractor afterwards
         for p in run.model.extractor.parameters():
             p.add_(torch.randn_like(p))
@@ -394,7 +394,7 @@ def test_gradient_ratio_under_sum_is_d_times_the_mean_one(tmp_path: Path) -> Non
     for reduction in ("mean", "sum"):
         run = _client_run(tmp_path, 5, pid=1, **{"fedara.anchor-reduction": reduction})
         _install_served(run)
-        HOOKS["fedara"].extra_loss(run)
+        methods.get("fedara").client_hook().extra_loss(run)
         ratios[reduction] = run.metrics["anchor-grad-ratio"]
         assert run.metrics["anchor-weight"] == anchor_weight(run.cfg, 5) > 0
     assert ratios["mean"] > 0
@@ -402,7 +402,7 @@ def test_gradient_ratio_under_sum_is_d_times_the_mean_one(tmp_path: Path) -> Non
 
 
 def test_round_one_has_no_anchor_term(tmp_path: Path) -> None:
-    hook = HOOKS["fedara"]
+    hook = methods.get("fedara").client_hook()
     run1 = _client_run(tmp_path, 1)
     assert hook.extra_loss(run1) is None
     assert run1.metrics["anchor-weight"] == 0.0
@@ -432,7 +432,7 @@ def test_frobenius_decay_shrinks_the_trained_product(tmp_path: Path, every: int)
         cfg = {"fedara.frobenius-decay": mu, "fedara.decay-every": every}
         run = _client_run(tmp_path, 1, pid=1, **cfg)
         _install_served(run)
-        HOOKS["fedara"].train(run)
+        methods.get("fedara").client_hook().train(run)
         norms[mu] = float(frobenius_sq(run.model.extractor))
     assert norms[0.5] < 0.99 * norms[0.0]
 

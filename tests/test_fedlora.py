@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.app import HOOKS
 from client_app.base import open_run
 from client_app.fedlora import train_adapter, train_local_model
+from common import methods
 from common.records import to_numpy
 from models import build_model, family_archs
 from models.adapter import ADAPTERS, adapter_shapes, attach_adapters
@@ -67,7 +67,9 @@ def test_non_square_target_is_refused_by_name() -> None:
 
 
 def _run(tmp_path: Path):  # type: ignore[no-untyped-def]
-    run = open_run(client_context(tmp_path, "fedlora", pid=2), 2, HOOKS["fedlora"])
+    run = open_run(
+        client_context(tmp_path, "fedlora", pid=2), 2, methods.get("fedlora").client_hook()
+    )
     run.model.adapters["head"].B.data.normal_(std=0.1)  # a non-trivial adapter
     return run
 
@@ -103,7 +105,7 @@ def test_phase_two_leaves_batchnorm_statistics_of_the_frozen_model_unchanged(
     """Every parameter *and buffer* (running_mean, running_var, num_batches_tracked)
     of the frozen local model is bit-identical after the adapter phase."""
     ctx = client_context(tmp_path, "fedlora", pid=pid, num=4, **{"model.family": "htfe"})
-    run = open_run(ctx, 2, HOOKS["fedlora"])
+    run = open_run(ctx, 2, methods.get("fedlora").client_hook())
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in run.model.modules())
     ad0, loc0 = _split(run.model)
     train_adapter(run)

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client_app.app import HOOKS
 from client_app.app import app as client_app
+from common import methods
 from common.config import parse_run_config
 from server_app.results import Recorded
-from strategies import STRATEGIES
+from strategies import make_strategy
 from tests.fakegrid import FakeGrid
 from tests.support import run_inprocess, small_config
 
@@ -40,8 +40,13 @@ SUMMARY_KEYS = {
 }
 
 
-def test_every_algorithm_has_a_client_hook() -> None:
-    assert set(HOOKS) == set(STRATEGIES)
+def test_every_method_routes_train_and_evaluate_to_its_hook() -> None:
+    """The ClientApp answers ``train.<name>`` / ``evaluate.<name>`` for every
+    registered method (an unregistered action is refused by Flower)."""
+    routes = set(client_app._registered_funcs)
+    for name in methods.METHODS:
+        assert {f"train.{name}", f"evaluate.{name}"} <= routes
+    assert "query.profile" in routes
 
 
 @pytest.mark.parametrize("algorithm", ["local", "lgfedavg", "fedavg"])
@@ -116,7 +121,7 @@ def test_poisoned_client_does_not_change_the_global_head(tmp_path: Path) -> None
         return Message(content, reply_to=grid.sent[-1])
 
     grid.faults[bad] = poison
-    strategy = STRATEGIES["lgfedavg"](cfg)
+    strategy = make_strategy(cfg)
     recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
     recorder.start(
         grid,
@@ -144,7 +149,7 @@ def test_a_client_whose_training_diverges_keeps_its_last_good_model(
     model is not overwritten (round 2 trains from the finite one and is saved)."""
     import torch
 
-    hook = HOOKS["lgfedavg"]
+    hook = methods.get("lgfedavg").client_hook()
     train = hook.train
 
     def diverge(run):  # type: ignore[no-untyped-def]

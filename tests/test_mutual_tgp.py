@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client_app.app import HOOKS
 from client_app.base import open_run
+from common import methods
 from common.records import to_numpy
 from models.mutual import compress, decompress, energy_at, energy_rank, fedkd_loss, fml_loss
 from models.tgp import PrototypeGenerator, adaptive_margin, margin_loss, train_generator
@@ -239,7 +239,7 @@ def test_fml_averages_memes_sample_weighted() -> None:
 
 
 def test_default_shared_model_is_the_smallest_of_the_family(tmp_path: Path) -> None:
-    run = open_run(client_context(tmp_path, "fml", pid=0), 1, HOOKS["fml"])
+    run = open_run(client_context(tmp_path, "fml", pid=0), 1, methods.get("fml").client_hook())
     assert run.node.arch == "cnn-1" and run.model.meme.arch == "cnn-5"
     s = strategy(FML, [node(10, 0)])
     s.cfg = run.cfg
@@ -254,7 +254,7 @@ def test_fedkd_client_uploads_the_energy_share_of_its_update(tmp_path: Path) -> 
     res, _ = run_inprocess(tmp_path, algorithm="fedkd")
     assert all(r["valid-replies"] == 3 for r in res["rounds"])
     ctx = client_context(tmp_path, "fedkd", pid=1)
-    hook = HOOKS["fedkd"]
+    hook = methods.get("fedkd").client_hook()
     run = open_run(ctx, 2, hook)
     received = {k: v.clone() for k, v in hook.shared_state(run).items()}
     run.received = received
@@ -276,7 +276,7 @@ def test_fedkd_client_uploads_the_energy_share_of_its_update(tmp_path: Path) -> 
 
 def test_fml_and_fedtgp_upload_bytes_equal_the_analytic_counts(tmp_path: Path) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fml")
-    run = open_run(client_context(tmp_path, "fml", pid=0), 1, HOOKS["fml"])
+    run = open_run(client_context(tmp_path, "fml", pid=0), 1, methods.get("fml").client_hook())
     meme = sum(v.numel() for v in run.model.meme.state_dict().values() if v.is_floating_point())
     assert all(r["bytes-up-per-client"] == meme * 4 for r in res["rounds"])
     res, grid = run_inprocess(tmp_path / "t", algorithm="fedtgp")
@@ -285,6 +285,6 @@ def test_fml_and_fedtgp_upload_bytes_equal_the_analytic_counts(tmp_path: Path) -
             ctx = next(
                 c for c in grid.contexts.values() if str(c.node_config["partition-id"]) == pid
             )
-            counts = open_run(ctx, 0, HOOKS["fedtgp"]).data.train_class_counts
+            counts = open_run(ctx, 0, methods.get("fedtgp").client_hook()).data.train_class_counts
             assert b == int((counts > 0).sum()) * 500 * 4
     assert res["rounds"][1]["bytes-down-per-client"] == 10 * 500 * 4  # every class, round 2

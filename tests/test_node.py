@@ -10,9 +10,9 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from client_app import profiles
-from client_app.app import HOOKS
 from client_app.app import app as client_app
 from client_app.base import open_run
+from common import methods
 from common.config import ConfigError
 from common.records import to_record
 from tests.support import client_context
@@ -37,9 +37,13 @@ def _context(tmp_path: Path, node_config: dict, algorithm: str = "lgfedavg") -> 
 
 
 def test_profile_sets_architecture_batch_threads(tmp_path: Path) -> None:
-    run = open_run(_context(tmp_path, {"profile": "rpi5"}), 1, HOOKS["lgfedavg"])
+    run = open_run(
+        _context(tmp_path, {"profile": "rpi5"}), 1, methods.get("lgfedavg").client_hook()
+    )
     assert run.node.arch == "cnn-4" and run.sgd.batch_size == 16
-    fedara = open_run(_context(tmp_path, {"profile": "rpi4"}, "fedara"), 1, HOOKS["fedara"])
+    fedara = open_run(
+        _context(tmp_path, {"profile": "rpi4"}, "fedara"), 1, methods.get("fedara").client_hook()
+    )
     assert fedara.node.arch == "cnn-1" and fedara.notes["tier"][0] == 0.125
 
 
@@ -48,7 +52,9 @@ def test_device_local_npz_is_split_locally(tmp_path: Path) -> None:
     path = tmp_path / "mine.npz"
     np.savez(path, x=rng.integers(0, 255, (80, 28, 28), dtype=np.uint8), y=rng.integers(0, 10, 80))
     run = open_run(
-        _context(tmp_path, {"data-name": "npz", "data-root": str(path)}), 1, HOOKS["lgfedavg"]
+        _context(tmp_path, {"data-name": "npz", "data-root": str(path)}),
+        1,
+        methods.get("lgfedavg").client_hook(),
     )
     assert len(run.data.y_train) + len(run.data.y_test) == 80
     assert len(run.data.y_test) == 20
@@ -60,7 +66,7 @@ def test_device_local_missing_path_names_the_path(tmp_path: Path) -> None:
         open_run(
             _context(tmp_path, {"data-name": "npz", "data-root": str(missing)}),
             1,
-            HOOKS["lgfedavg"],
+            methods.get("lgfedavg").client_hook(),
         )
 
 
@@ -93,16 +99,16 @@ def test_state_dir_lets_a_restarted_node_resume(tmp_path: Path) -> None:
     # a node restarted in round 3 (whose round-3 file a crash may have left) starts
     # round 3 again from what round 2 left, and evaluates round 3 with round 3's
     restarted = _context(tmp_path, {"state-dir": str(state_dir)})  # empty memory
-    run = open_run(restarted, 3, HOOKS["lgfedavg"])
+    run = open_run(restarted, 3, methods.get("lgfedavg").client_hook())
     assert torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
     assert run.rounds_trained == 2
-    evaluated = open_run(restarted, 3, HOOKS["lgfedavg"], training=False)
+    evaluated = open_run(restarted, 3, methods.get("lgfedavg").client_hook(), training=False)
     after_three = personal_state.load(run.state_path)[0]["extractor.fc1.weight"]  # type: ignore[index]
     assert torch.equal(evaluated.model.state_dict()["extractor.fc1.weight"], after_three)
     assert _train(restarted, head, 4).content["metrics"]["rounds-trained"] == 4
 
     fresh = _context(tmp_path, {})  # no state dir: a new model, kept in memory
-    run = open_run(fresh, 3, HOOKS["lgfedavg"])
+    run = open_run(fresh, 3, methods.get("lgfedavg").client_hook())
     assert not torch.equal(run.model.state_dict()["extractor.fc1.weight"], after_two)
 
 
@@ -126,7 +132,10 @@ def test_a_new_run_starts_fresh_a_resumed_one_from_its_own_round(tmp_path: Path)
     # run b crashed in round 2 after the node saved: round 2 again starts from run b's round 1
     assert _train(again, head, 2, "runb").content["metrics"]["rounds-trained"] == 2
     rerun = _context(tmp_path, {"state-dir": str(state_dir)})
-    assert open_run(rerun, 2, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 1
+    assert (
+        open_run(rerun, 2, methods.get("lgfedavg").client_hook(), lineage="runb").rounds_trained
+        == 1
+    )
 
 
 def test_carry_personal_state_continues_the_model_an_earlier_run_left(tmp_path: Path) -> None:
@@ -149,11 +158,17 @@ def test_carry_personal_state_continues_the_model_an_earlier_run_left(tmp_path: 
     assert _train(restarted, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
     # run b crashed in round 1 after the node saved: round 1 again starts from run a's
     again = ctx()
-    assert open_run(again, 1, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 2
+    assert (
+        open_run(again, 1, methods.get("lgfedavg").client_hook(), lineage="runb").rounds_trained
+        == 2
+    )
     assert _train(again, head, 1, "runb").content["metrics"]["rounds-trained"] == 3
     assert _train(again, head, 2, "runb").content["metrics"]["rounds-trained"] == 4
     # round 2 of run b run again: from run b's round 1
-    assert open_run(ctx(), 2, HOOKS["lgfedavg"], lineage="runb").rounds_trained == 3
+    assert (
+        open_run(ctx(), 2, methods.get("lgfedavg").client_hook(), lineage="runb").rounds_trained
+        == 3
+    )
     names = sorted(f.name.split(".", 1)[1] for f in state_dir.glob("*.pt"))
     assert names == ["r000001.runb.pt", "r000002.runb.pt"]
 
@@ -163,7 +178,7 @@ def test_state_from_another_setup_is_not_loaded(tmp_path: Path) -> None:
     head = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
     _train(_context(tmp_path, {"state-dir": str(state_dir)}), head, 1)
     other = client_context(tmp_path, "lgfedavg", node_config={"state-dir": str(state_dir)}, seed=5)
-    assert open_run(other, 1, HOOKS["lgfedavg"]).rounds_trained == 0
+    assert open_run(other, 1, methods.get("lgfedavg").client_hook()).rounds_trained == 0
 
 
 @pytest.mark.parametrize("init", ["per-client", "shared"])
@@ -174,7 +189,7 @@ def test_model_init_shared_starts_one_architecture_identical(tmp_path: Path, ini
         open_run(
             client_context(tmp_path, "local", pid=pid, num=6, **{"model.init": init}),
             1,
-            HOOKS["local"],
+            methods.get("local").client_hook(),
         )
         for pid in (0, 5, 1)
     ]

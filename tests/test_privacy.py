@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.app import HOOKS
 from client_app.base import open_run
+from common import methods
 from models.privacy import closest, invert, protect, psnr, ssim
 from tests.support import client_context
 
@@ -70,8 +70,12 @@ def test_clipping_bounds_every_vector_and_the_noise_has_the_stated_sigma() -> No
 def test_uploaded_representations_are_clipped_and_noised(tmp_path: Path, algorithm: str) -> None:
     def upload(**cfg):  # type: ignore[no-untyped-def]
         ctx = client_context(tmp_path, algorithm, pid=1, **cfg)
-        run = open_run(ctx, 2, HOOKS[algorithm])
-        return {k: v for k, v in HOOKS[algorithm].upload(run).items() if k != "soft-label"}
+        run = open_run(ctx, 2, methods.get(algorithm).client_hook())
+        return {
+            k: v
+            for k, v in methods.get(algorithm).client_hook().upload(run).items()
+            if k != "soft-label"
+        }
 
     plain = upload()
     clipped = upload(**{"privacy.clip": 0.5})

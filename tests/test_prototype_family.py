@@ -9,10 +9,10 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from client_app.app import HOOKS
 from client_app.app import app as client_app
 from client_app.base import open_run
 from client_app.prototypes import entangled, prototypes
+from common import methods
 from common.records import to_numpy, to_record
 from models.entangle import entangle_prototypes, random_weights, soft_cross_entropy
 from strategies.fedgh import FedGH
@@ -57,7 +57,11 @@ def test_vap_uses_equal_weights() -> None:
 
 
 def _run(tmp_path: Path, server_round: int, pid: int = 0, **cfg):  # type: ignore[no-untyped-def]
-    return open_run(client_context(tmp_path, "fedre", pid=pid, **cfg), server_round, HOOKS["fedre"])
+    return open_run(
+        client_context(tmp_path, "fedre", pid=pid, **cfg),
+        server_round,
+        methods.get("fedre").client_hook(),
+    )
 
 
 def test_client_rep_matches_its_prototypes_and_seed(tmp_path: Path) -> None:
@@ -86,7 +90,7 @@ def test_same_seed_round_node_same_weights_other_round_differs(tmp_path: Path) -
 
 def test_client_evaluates_with_the_broadcast_head(tmp_path: Path) -> None:
     ctx = client_context(tmp_path, "fedre", pid=1)
-    run = open_run(ctx, 1, HOOKS["fedre"])
+    run = open_run(ctx, 1, methods.get("fedre").client_hook())
     weight = np.zeros((10, 500), np.float32)
     bias = np.zeros(10, np.float32)
     bias[3] = 100.0  # this head always answers class 3

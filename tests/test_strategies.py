@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import get_args
-
 import numpy as np
 import pytest
 
-from common.config import Algorithm
+from common.config import RunConfig, parse_run_config
+from common.methods import METHODS
 from common.records import to_numpy
-from strategies import STRATEGIES
 from strategies.fedavg import FedAvg
 from strategies.lgfedavg import LGFedAvg
 from strategies.local import Local
@@ -26,11 +24,23 @@ def head(d: int = 500, c: int = 10) -> dict[str, np.ndarray]:
 
 
 def test_registry_names_are_the_config_values() -> None:
-    """One algorithm, one word: every config value has a strategy, registered under
-    that value and defined in ``strategies/<value>.py``."""
-    assert set(STRATEGIES) == set(get_args(Algorithm))
-    for name, cls in STRATEGIES.items():
+    """One algorithm, one word: every registered name is an accepted config value, its
+    strategy is defined in ``strategies/<name>.py`` and sends ``train.<name>``, its
+    client hook answers to the same name, and its config section (if any) is the
+    typed ``<name>`` field of the run config."""
+    assert len(METHODS) == 11
+    for name, method in METHODS.items():
+        family = "fedavgcnn" if name == "fedavg" else "cnn"
+        assert parse_run_config({"algorithm": name, "model.family": family}).algorithm == name
+        cls = method.strategy_class()
         assert cls.__module__ == f"strategies.{name}", (name, cls)
+        assert cls.name == name, (name, cls.name)
+        assert type(method.client_hook()).name == name
+        assert method.client_hook().__module__.startswith("client_app.")
+        if method.section is None:
+            assert name not in RunConfig.model_fields
+        else:
+            assert RunConfig.model_fields[name].annotation is method.section
 
 
 def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:

@@ -1,0 +1,25 @@
+"""The message keys the server and the clients exchange, each declared once.
+
+A strategy and its client hook import the same constant, so a key cannot be spelled
+two ways. Arrays are named by state-dict key; a key ending in ``.`` is a prefix
+(``proto.3``, ``extractor.conv2.weight``). FedLoRA's keys are its adapters' state-dict
+keys, under ``models.adapter.ADAPTERS`` (the model's module name), imported by both
+sides from there.
+"""
+
+HEAD = "head."
+"""The classification head (``head.weight`` [C, d], ``head.bias`` [C]): lgfedavg,
+fedgh, fedre."""
+PROTO = "proto."
+"""One class prototype, ``proto.<c>`` [d]: fedproto, fedgh, fedtgp."""
+REP = "rep"
+"""FedRE's entangled representations [n, d]."""
+SOFT_LABEL = "soft-label"
+"""FedRE's soft labels of the entangled representations [n, C]."""
+EXTRACTOR = "extractor."
+"""FedARA's feature extractor, dense (``extractor.<key>``) or as factors
+(``extractor.<layer>.U`` / ``.V``)."""
+MEME = "meme."
+"""FML's shared meme model (``meme.<state-dict key>``)."""
+MENTEE = "mentee."
+"""FedKD's shared mentee model (``mentee.<state-dict key>``)."""

@@ -1,0 +1,202 @@
+"""The method registry: one :class:`Method` per algorithm, the single place that names it.
+
+Everything else is derived from here: the values ``algorithm`` accepts (the run-config
+model validates against :func:`names`), the strategy the ServerApp builds, the client
+hook the ClientApp dispatches ``train.<name>`` / ``evaluate.<name>`` to, the run-config
+section that configures it, whether Flower's LocalDpMod may clip its upload, and the
+message keys of its contract (:mod:`common.messages`).
+
+This module is light on purpose (pydantic and the standard library): the strategy and
+the hook are named by import path (``"module:attribute"``, as Flower names a
+ServerApp or ClientApp in ``pyproject.toml``) and imported when first asked for, so
+the run-config model can check a name without importing torch or the server. A
+method defined elsewhere (a plugin, a test) may pass the classes themselves and
+register with :func:`register`; docs/adding-a-method.md walks through it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from common import messages as keys
+from common import sections
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from client_app.base import ClientHook
+    from strategies.base import HeteroStrategy
+
+
+def _resolve(target: Any) -> Any:
+    """An object, or the object an import path ``"module:attribute"`` names."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One algorithm, declared once.
+
+    Parameters
+    ----------
+    name
+        The one word: the ``algorithm`` value, the message types ``train.<name>`` /
+        ``evaluate.<name>``, the strategy's ``name`` and its results folder.
+    strategy
+        Its :class:`~strategies.base.HeteroStrategy` subclass, or its import path.
+    hook
+        Its :class:`~client_app.base.ClientHook` subclass, or its import path.
+    section
+        Its run-config section (``<name>.*`` keys), or None. A built-in method's
+        section is also a typed field of :class:`~common.config.RunConfig`; a method
+        registered from outside gets its section added when the config is parsed.
+    uploads_parameters
+        Its reply carries the arrays it was sent, updated, so ``privacy.dp-clip``
+        applies Flower's LocalDpMod to it.
+    keys
+        The message keys (or key prefixes) of its contract, from
+        :mod:`common.messages` (documentation and a test: every key a strategy
+        expects in a reply starts with one of them).
+    """
+
+    name: str
+    strategy: Any
+    hook: Any
+    section: type[BaseModel] | None = None
+    uploads_parameters: bool = False
+    keys: tuple[str, ...] = field(default=())
+
+    def strategy_class(self) -> type[HeteroStrategy]:
+        """The strategy class (imported on first use)."""
+        cls: type[HeteroStrategy] = _resolve(self.strategy)
+        return cls
+
+    def client_hook(self) -> ClientHook:
+        """The client hook, one shared instance per method (hooks keep no state)."""
+        return _hook_instance(self)
+
+
+@functools.cache
+def _hook_instance(method: Method) -> ClientHook:
+    hook: ClientHook = _resolve(method.hook)()
+    return hook
+
+
+BUILTIN: tuple[Method, ...] = (
+    Method("local", "strategies.local:Local", "client_app.hooks:LocalHook"),
+    Method(
+        "fedavg",
+        "strategies.fedavg:FedAvg",
+        "client_app.hooks:FedAvgHook",
+        uploads_parameters=True,
+    ),
+    Method(
+        "lgfedavg",
+        "strategies.lgfedavg:LGFedAvg",
+        "client_app.hooks:LGFedAvgHook",
+        uploads_parameters=True,
+        keys=(keys.HEAD,),
+    ),
+    Method(
+        "fedproto",
+        "strategies.fedproto:FedProto",
+        "client_app.prototypes:FedProtoHook",
+        section=sections.FedProtoConfig,
+        keys=(keys.PROTO,),
+    ),
+    Method(
+        "fedgh",
+        "strategies.fedgh:FedGH",
+        "client_app.prototypes:FedGHHook",
+        section=sections.FedGHConfig,
+        keys=(keys.HEAD, keys.PROTO),
+    ),
+    Method(
+        "fedre",
+        "strategies.fedre:FedRE",
+        "client_app.prototypes:FedREHook",
+        section=sections.FedREConfig,
+        keys=(keys.HEAD, keys.REP, keys.SOFT_LABEL),
+    ),
+    Method(
+        "fedara",
+        "strategies.fedara:FedARA",
+        "client_app.fedara:FedARAHook",
+        section=sections.FedARAConfig,
+        uploads_parameters=True,
+        keys=(keys.EXTRACTOR,),
+    ),
+    Method(
+        "fedlora",
+        "strategies.fedlora:FedLoRA",
+        "client_app.fedlora:FedLoRAHook",
+        section=sections.FedLoRAConfig,
+        uploads_parameters=True,
+        keys=("adapters.",),  # models.adapter.ADAPTERS + "."
+    ),
+    Method(
+        "fedtgp",
+        "strategies.fedtgp:FedTGP",
+        "client_app.prototypes:FedTGPHook",
+        section=sections.FedTGPConfig,
+        keys=(keys.PROTO,),
+    ),
+    Method(
+        "fedkd",
+        "strategies.fedkd:FedKD",
+        "client_app.mutual:FedKDHook",
+        section=sections.FedKDConfig,
+        keys=(keys.MENTEE,),
+    ),
+    Method(
+        "fml",
+        "strategies.fml:FML",
+        "client_app.mutual:FMLHook",
+        section=sections.FMLConfig,
+        uploads_parameters=True,
+        keys=(keys.MEME,),
+    ),
+)
+
+METHODS: dict[str, Method] = {m.name: m for m in BUILTIN}
+"""Every registered method by name (the built-in ones, then any :func:`register`\\ ed)."""
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` (a name already taken by another method is refused)."""
+    if not method.name.isidentifier() or not method.name.islower():
+        # Flower routes "train.<action>" only where <action> is a Python identifier
+        raise ValueError(
+            f"method name {method.name!r} must be one lower-case word (letters, digits, '_')"
+        )
+    known = METHODS.get(method.name)
+    if known is not None and known != method:
+        raise ValueError(f"a method named {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method registered with :func:`register` (built-in ones stay)."""
+    if any(m.name == name for m in BUILTIN):
+        raise ValueError(f"{name!r} is built in")
+    METHODS.pop(name, None)
+
+
+def names() -> list[str]:
+    """Every value ``algorithm`` accepts, in registration order."""
+    return list(METHODS)
+
+
+def get(name: str) -> Method:
+    """The method called ``name``; an error lists the registered ones."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(METHODS)}") from None
