@@ -18,10 +18,9 @@ State-dict key scheme of a factorised layer ``L`` (relative to the extractor):
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,24 +44,8 @@ __all__ = [
     "reconstruct",
     "thin_svd",
     "top_svd",
-    "torch_threads",
     "tracked_basis",
 ]
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` torch intra-op threads (restored after).
-
-    Used where threads only add overhead (thousands of tiny steps), and where a
-    block must run with a set count whatever the process's setting is.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from common.records import Arrays
-from models.lowrank import torch_threads
 from models.tgp import PrototypeGenerator, adaptive_margin, train_generator
+from models.threads import torch_threads
 from strategies.base import HeteroStrategy, NodeInfo, Upload
 from strategies.fedproto import PROTO, class_mean, expected_prototypes
 from strategies.heads import common_head_shape

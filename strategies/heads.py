@@ -11,7 +11,7 @@ import torch
 
 from common.records import Arrays
 from models.entangle import train_head
-from models.lowrank import torch_threads
+from models.threads import torch_threads
 from strategies.base import NodeInfo
 
 
