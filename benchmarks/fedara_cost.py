@@ -92,7 +92,7 @@ def server_time(
         "fedara.truncation": truncation,
     }
     for _ in range(repeats):
-        s = FedARA(parse_run_config(cfg))
+        s = FedARA.from_config(parse_run_config(cfg))
         s.nodes = {n.node_id: n for n in nodes}
         s.global_arrays = s.init_global()
         for rnd in (1, 2):
@@ -157,7 +157,7 @@ def one_round(ratio, every):
                   state=RecordDict(), run_config=run_config)
     info = app(Message(RecordDict({"config": ConfigRecord()}), dst_node_id=5,
                        message_type="query.profile"), ctx).content["profile"]
-    s = FedARA(parse_run_config(cfg))
+    s = FedARA.from_config(parse_run_config(cfg))
     s.nodes = {5: NodeInfo.from_metrics(5, info)}
     s.global_arrays = s.init_global()
     payload = s.payload(2, s.nodes[5])

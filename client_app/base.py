@@ -26,6 +26,7 @@ from client_app import profiles
 from client_app import state as personal_state
 from client_app.profiles import Profile
 from common.config import ConfigError, DataConfig, RunConfig, Scalar, parse_run_config
+from common.messages import HEAD
 from common.records import to_record, to_torch
 from data import ClientData, load_client_data, load_global_test, load_local_data
 from models import HetNet, arch_for_partition, build_model, natural_dim
@@ -395,7 +396,7 @@ def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
 
 def head_arrays(run: ClientRun) -> dict[str, Tensor]:
     """The head's parameters by state-dict key."""
-    return {k: v for k, v in run.model.state_dict().items() if k.startswith("head.")}
+    return {k: v for k, v in run.model.state_dict().items() if k.startswith(HEAD)}
 
 
 __all__ = ["ArrayRecord", "ClientHook", "ClientRun", "open_run", "profile_record"]

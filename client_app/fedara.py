@@ -11,11 +11,10 @@ from torch import Tensor, nn
 
 from client_app.base import ClientHook, ClientRun
 from common.config import RunConfig, Scalar
+from common.messages import EXTRACTOR
 from models import family_archs
 from models.lowrank import LowRankConv2d, LowRankLinear, default_layers, factorise
 from models.train import AfterStep, ExtraLoss, class_means, logits_and_reps
-
-EXTRACTOR = "extractor."
 
 
 def rank_ratio(run: ClientRun) -> float:

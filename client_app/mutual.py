@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from client_app.base import ClientHook, ClientRun, initial_seed
+from common.messages import MEME, MENTEE
 from models import build_model, smallest_arch
 from models.mutual import compress, energy_at, fedkd_loss, fml_loss
 from models.train import ExtraLoss
@@ -63,7 +64,7 @@ class FMLHook(MutualHook):
     ``β·CE + (1−β)·KL(local‖meme)`` for the meme; upload the meme."""
 
     name = "fml"
-    prefix = "meme"
+    prefix = MEME.rstrip(".")
 
     def shared_arch(self, run: ClientRun) -> str:
         return run.cfg.fml.meme_arch
@@ -87,7 +88,7 @@ class FedKDHook(MutualHook):
     (with a personal projection ``W_h``); upload the mentee's update, SVD-compressed."""
 
     name = "fedkd"
-    prefix = "mentee"
+    prefix = MENTEE.rstrip(".")
 
     def shared_arch(self, run: ClientRun) -> str:
         return run.cfg.fedkd.mentee_arch

@@ -12,12 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client_app.base import ClientHook, ClientRun, GlobalHeadHook, head_arrays
+from common.messages import PROTO, REP, SOFT_LABEL
 from models.entangle import entangle_prototypes, entangle_samples
 from models.privacy import protect
 from models.train import EvalStats, ExtraLoss, class_means, evaluate
-
-PROTO = "proto."
-"""Array-name prefix of a class prototype: ``proto.<class index>``."""
 
 
 def prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
@@ -132,7 +130,7 @@ class FedREHook(GlobalHeadHook):
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         rep, soft = entangled(run)
-        return {"rep": protected(run, rep), "soft-label": soft}
+        return {REP: protected(run, rep), SOFT_LABEL: soft}
 
 
 def entangled(run: ClientRun) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypedDict
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -36,7 +36,40 @@ from common.records import (
 )
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
 
-__all__ = ["HeteroStrategy", "NodeInfo", "Upload"]
+__all__ = ["HeteroStrategy", "NodeInfo", "RunSettings", "Upload", "run_settings"]
+
+
+class RunSettings(TypedDict, total=False):
+    """The keyword arguments every strategy takes (see :class:`HeteroStrategy`)."""
+
+    fraction_train: float
+    fraction_evaluate: float
+    min_train_nodes: int
+    min_evaluate_nodes: int
+    min_available_nodes: int
+    min_valid_replies: float
+    max_weight_share: float
+    round_timeout: float
+    eval_every: int
+    num_rounds: int
+    seed: int
+
+
+def run_settings(cfg: RunConfig) -> RunSettings:
+    """The keyword arguments every strategy takes, from the run config's top-level keys."""
+    return {
+        "fraction_train": cfg.fraction_train,
+        "fraction_evaluate": cfg.fraction_evaluate,
+        "min_train_nodes": cfg.min_train_nodes,
+        "min_evaluate_nodes": cfg.min_evaluate_nodes,
+        "min_available_nodes": cfg.min_available_nodes,
+        "min_valid_replies": cfg.min_valid_replies,
+        "max_weight_share": cfg.max_weight_share,
+        "round_timeout": cfg.round_timeout,
+        "eval_every": cfg.eval_every,
+        "num_rounds": cfg.num_server_rounds,
+        "seed": cfg.seed,
+    }
 
 
 class HeteroStrategy(Strategy):
@@ -55,8 +88,41 @@ class HeteroStrategy(Strategy):
     """Replaces a whole shared model by a mean of replies (its default
     ``min-valid-replies`` is half of the sampled nodes; otherwise one reply)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        min_valid_replies: float = 0,
+        max_weight_share: float = 1.0,
+        round_timeout: float = 3600.0,
+        eval_every: int = 1,
+        num_rounds: int = 10,
+        seed: int = 0,
+    ) -> None:
+        self.fraction_train = fraction_train
+        """Share of the available nodes sampled for training each round."""
+        self.fraction_evaluate = fraction_evaluate
+        """Share sampled for evaluation (0: no evaluation)."""
+        self.min_train_nodes = min_train_nodes
+        self.min_evaluate_nodes = min_evaluate_nodes
+        self.min_available_nodes = min_available_nodes
+        """Nodes to wait for before the first round."""
+        self.min_valid_replies = min_valid_replies
+        """Valid training replies a round needs (see :meth:`min_valid`)."""
+        self.max_weight_share = max_weight_share
+        """Largest share one reply may have in a weighted mean (1: off)."""
+        self.round_timeout = round_timeout
+        """Seconds to wait for a round's replies (and the profile query's)."""
+        self.eval_every = eval_every
+        """Evaluate every this many rounds (and after the last)."""
+        self.num_rounds = num_rounds
+        """The run's last round number (evaluation always runs after it)."""
+        self.seed = seed
+        """Seeds sampling and everything the server initialises or shuffles."""
         self.nodes: dict[int, NodeInfo] = {}
         self.global_arrays: Arrays = {}
         self.last_train: dict[int, dict[str, float]] = {}
@@ -81,9 +147,10 @@ class HeteroStrategy(Strategy):
         ``server-diagnostics`` in results.json, then cleared)."""
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> HeteroStrategy:
-        """This strategy as the run config sets it up (what the ServerApp calls)."""
-        return cls(cfg)
+    def from_config(cls, cfg: RunConfig) -> Self:
+        """This strategy as the run config sets it up (what the ServerApp calls); a
+        subclass with settings of its own adds them to :func:`run_settings`."""
+        return cls(**run_settings(cfg))
 
     # ------------------------------------------------------------------ subclass API
     def init_global(self) -> Arrays:
@@ -162,7 +229,7 @@ class HeteroStrategy(Strategy):
             for nid in unknown
         ]
         self._remember(msgs)
-        for reply in grid.send_and_receive(msgs, timeout=self.cfg.round_timeout):
+        for reply in grid.send_and_receive(msgs, timeout=self.round_timeout):
             nid = self.sender(reply)
             if reply.has_error():
                 log(
@@ -176,7 +243,7 @@ class HeteroStrategy(Strategy):
 
     def wait_and_discover(self, grid: Grid) -> list[int]:
         """Wait for ``min-available-nodes`` nodes, then discover them."""
-        _, all_nodes = sample_nodes(grid, self.cfg.min_available_nodes, 0)
+        _, all_nodes = sample_nodes(grid, self.min_available_nodes, 0)
         self.discover(grid, all_nodes)
         if not self.nodes:
             raise RuntimeError("no node answered the profile query")
@@ -207,7 +274,7 @@ class HeteroStrategy(Strategy):
             image_size=int(meta["image-size"]),
             feature_dim=node.feature_dim,
             small_stem=bool(meta.get("small-stem", 1)),
-            seed=self.cfg.seed,
+            seed=self.seed,
         )
 
     def initial_arrays(self, grid: Grid) -> ArrayRecord:
@@ -220,14 +287,14 @@ class HeteroStrategy(Strategy):
     def _sample(
         self, grid: Grid, server_round: int, fraction: float, minimum: int, salt: int
     ) -> list[NodeInfo]:
-        _, online = sample_nodes(grid, self.cfg.min_available_nodes, 0)
+        _, online = sample_nodes(grid, self.min_available_nodes, 0)
         self.discover(grid, online)
         known = sorted(
             (self.nodes[n] for n in online if n in self.nodes),
             key=lambda n: (n.partition_id, n.node_id),
         )
         k = min(len(known), max(minimum, int(round(fraction * len(known)))))
-        rng = random.Random(self.cfg.seed * 1_000_003 + server_round * 2 + salt)
+        rng = random.Random(self.seed * 1_000_003 + server_round * 2 + salt)
         chosen = rng.sample(known, k) if k < len(known) else known
         return sorted(chosen, key=lambda n: n.partition_id)
 
@@ -272,8 +339,8 @@ class HeteroStrategy(Strategy):
         nodes = self._sample(
             grid,
             server_round,
-            self.cfg.fraction_train,
-            self.cfg.min_train_nodes,
+            self.fraction_train,
+            self.min_train_nodes,
             salt=0,
         )
         log(INFO, "configure_train: %d nodes", len(nodes))
@@ -305,7 +372,7 @@ class HeteroStrategy(Strategy):
         uploads.sort(key=lambda u: u.node.partition_id)
         if not uploads:
             return []
-        shares = capped_shares([u.num_examples for u in uploads], self.cfg.max_weight_share)
+        shares = capped_shares([u.num_examples for u in uploads], self.max_weight_share)
         return [replace(u, weight=w) for u, w in zip(uploads, shares, strict=True)]
 
     def mean_of(self, uploads: list[Upload]) -> Arrays:
@@ -317,7 +384,7 @@ class HeteroStrategy(Strategy):
     def min_valid(self) -> int:
         """Valid replies a round needs (``min-valid-replies``: a count ≥ 1, a fraction
         of the nodes sampled this round below 1, 0: the algorithm's default)."""
-        want = self.cfg.min_valid_replies
+        want = self.min_valid_replies
         if want == 0:
             want = 0.5 if self.shares_model else 1
         if want >= 1:
@@ -335,7 +402,7 @@ class HeteroStrategy(Strategy):
                 WARNING,
                 "round %d: no reply within round-timeout=%gs from node(s) %s",
                 server_round,
-                self.cfg.round_timeout,
+                self.round_timeout,
                 self.missing,
             )
         uploads = self.valid_uploads(server_round, replies)
@@ -346,7 +413,7 @@ class HeteroStrategy(Strategy):
                 server_round,
                 len(uploads),
                 self.min_valid(),
-                self.cfg.min_valid_replies,
+                self.min_valid_replies,
             )
             return None, None
         new = self.aggregate(server_round, uploads)
@@ -371,17 +438,15 @@ class HeteroStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Every ``eval-every`` rounds (and the last): ``evaluate.<name>``."""
-        last = server_round == self.cfg.num_server_rounds
-        if self.cfg.fraction_evaluate == 0 or (
-            server_round % self.cfg.eval_every != 0 and not last
-        ):
+        last = server_round == self.num_rounds
+        if self.fraction_evaluate == 0 or (server_round % self.eval_every != 0 and not last):
             return []
         self._adopt(arrays)
         nodes = self._sample(
             grid,
             server_round,
-            self.cfg.fraction_evaluate,
-            self.cfg.min_evaluate_nodes,
+            self.fraction_evaluate,
+            self.min_evaluate_nodes,
             salt=1,
         )
         return self._remember(self._messages(server_round, nodes, "evaluate", config))
@@ -423,8 +488,8 @@ class HeteroStrategy(Strategy):
             "\t├──> %s: fraction-train %.2f, fraction-evaluate %.2f, "
             "eval-every %d, min-valid-replies %g",
             self.name,
-            self.cfg.fraction_train,
-            self.cfg.fraction_evaluate,
-            self.cfg.eval_every,
-            self.cfg.min_valid_replies,
+            self.fraction_train,
+            self.fraction_evaluate,
+            self.eval_every,
+            self.min_valid_replies,
         )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Literal, Self, Unpack
 
 import numpy as np
 import torch
 
+from common.config import RunConfig
+from common.messages import EXTRACTOR
 from common.records import Arrays, shapes
 from models.lowrank import (
     Svd,
@@ -26,9 +28,8 @@ from models.lowrank_state import (
     served_residual,
     weighted_reconstruction,
 )
-from strategies.base import HeteroStrategy, NodeInfo, Upload
-
-EXTRACTOR = "extractor."
+from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
+from strategies.timing import Phases
 
 
 def relative_change(new: Arrays, old: Arrays, key: str) -> float:
@@ -65,8 +66,24 @@ class FedARA(HeteroStrategy):
     name = "fedara"
     shares_model = True
 
-    def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(cfg)
+    def __init__(
+        self,
+        *,
+        aggregation: Literal["reconstruct", "delta", "coverage"] = "coverage",
+        served_scale: Literal["none", "energy"] = "energy",
+        truncation: Literal["svd", "tracked"] = "tracked",
+        server_lr: float = 3.0,
+        **kwargs: Unpack[RunSettings],
+    ) -> None:
+        super().__init__(**kwargs)
+        self.aggregation = aggregation
+        """How replies become the new global extractor (``fedara.aggregation``)."""
+        self.served_scale = served_scale
+        """``energy``: a tier's factors are scaled to the layer's norm (``none``: not)."""
+        self.truncation = truncation
+        """``svd``: truncated SVD per state; ``tracked``: subspace tracked across states."""
+        self.server_lr = server_lr
+        """η in ``W ← W + η (W_rule − W)`` (1: the rule as is)."""
         self._served: dict[Tier, Arrays] = {}
         self._gains: dict[Tier, dict[str, float]] = {}
         """Tier -> layer -> g: the tier was served ``g · W_r`` (``fedara.served-scale``)."""
@@ -91,6 +108,17 @@ class FedARA(HeteroStrategy):
         """Layer -> the core C of this global state's tracked basis (tracked only)."""
         self._decompose_s = 0.0
         """Seconds spent decomposing this global state (reported with its aggregation)."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        f = cfg.fedara
+        return cls(
+            aggregation=f.aggregation,
+            served_scale=f.served_scale,
+            truncation=f.truncation,
+            server_lr=f.server_lr,
+            **run_settings(cfg),
+        )
 
     def extra_state(self) -> dict[str, Any]:
         return {
@@ -159,7 +187,7 @@ class FedARA(HeteroStrategy):
         decomposition's basis (``tracked``, in float32: what the tiers are served is
         float32, and the delta and coverage rules use the factors actually sent)."""
         prev = self._tracked.get(name)
-        if self.cfg.fedara.truncation == "tracked" and prev is not None and prev.shape[1] >= depth:
+        if self.truncation == "tracked" and prev is not None and prev.shape[1] >= depth:
             p, core, q = tracked_basis(weight, prev[:, :depth], dtype=torch.float32)
             self._cores[name] = core
             svd = (p, core_energies(core).sqrt(), q.T)
@@ -182,7 +210,7 @@ class FedARA(HeteroStrategy):
         self, extractor: dict[str, torch.Tensor], layers: dict[str, tuple[int, ...]], ratio: float
     ) -> dict[str, float]:
         """``g = ‖W‖_F / ‖W_r‖_F`` per layer under ``served-scale = energy``, else 1."""
-        if self.cfg.fedara.served_scale == "none":
+        if self.served_scale == "none":
             return {name: 1.0 for name in layers}
         gains = {}
         for name, shape in layers.items():
@@ -202,57 +230,65 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        phases = {"decompose": 0.0}
-        clock = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            phases[name] = phases.get(name, 0.0) + now - clock
-            clock = now
-
+        """The rule: every reply back to full rank on the global's scale, the
+        sample-weighted mean (``reconstruct``), plus the served residuals (``delta``),
+        each direction averaged over the replies that cover it (``coverage``), then
+        the server step ``W + η (W_rule − W)``."""
         states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.weight for u in uploads]
         # each reply's factor product back on the global's scale: divided by its gain
         scales = [
             {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
         ]
-        phases["decompose"] = self._decompose_s  # every tier of this state, incl. here
-        clock = time.perf_counter()
-        self.diagnostics = self.spectrum_diagnostics()
-        self.diagnostics["update-coherence"] = update_coherence(self._extractor(), states, weights)
-        lap("diagnostics")
-        mean = weighted_reconstruction(states, weights, self.layer_shapes, product_scales=scales)
-        lap("reconstruct")
-        if self.cfg.fedara.aggregation in ("delta", "coverage"):
-            self._add_served_residuals(mean, uploads)
-            lap("residuals")
-        if self.cfg.fedara.aggregation == "coverage":
-            self._normalise_by_coverage(mean, uploads)
-            lap("normalise")
-        eta = self.cfg.fedara.server_lr
-        if eta != 1.0:
+        phases = Phases(decompose=self._decompose_s)  # every tier of this state
+        with phases("diagnostics"):
+            self.diagnostics = self.round_diagnostics(states, weights)
+        with phases("reconstruct"):
+            mean = weighted_reconstruction(
+                states, weights, self.layer_shapes, product_scales=scales
+            )
+        if self.aggregation in ("delta", "coverage"):
+            with phases("residuals"):
+                self._add_served_residuals(mean, uploads)
+        if self.aggregation == "coverage":
+            with phases("normalise"):
+                self._normalise_by_coverage(mean, uploads)
+        with phases("step"):
+            new = self._step(mean)
+        self.diagnostics["server-phases-s"] = phases.seconds
+        return new
+
+    def _step(self, rule: dict[str, torch.Tensor]) -> Arrays:
+        """``W + η (W_rule − W)`` as the new global state; its tiers are decomposed
+        again on demand (the tracked bases move on to this state's)."""
+        if self.server_lr != 1.0:
             full = self._extractor()
-            for key, value in mean.items():
+            for key, value in rule.items():
                 before = full[key].double()
-                mean[key] = before + eta * (value.double() - before)
-        # a new global state: decompose again on demand
+                rule[key] = before + self.server_lr * (value.double() - before)
         self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
         self._decompose_s = 0.0
         self._tracked.update(self._current)
         self._current = {}
         self.version += 1
         new = {
-            key: mean[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
+            key: rule[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
             for key in self.global_arrays
         }
         self.diagnostics["update-norm"] = {
             layer: relative_change(new, self.global_arrays, f"{EXTRACTOR}{layer}.weight")
             for layer in self.layer_shapes
         }
-        lap("step")
-        self.diagnostics["server-phases-s"] = phases
         return new
+
+    def round_diagnostics(
+        self, states: list[dict[str, torch.Tensor]], weights: list[float]
+    ) -> dict[str, Any]:
+        """This round's :meth:`spectrum_diagnostics` and the replies'
+        :func:`update_coherence`."""
+        out = self.spectrum_diagnostics()
+        out["update-coherence"] = update_coherence(self._extractor(), states, weights)
+        return out
 
     def spectrum_diagnostics(self) -> dict[str, Any]:
         """Per truncated tier and decomposed layer of this round's global state:

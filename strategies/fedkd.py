@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Self, Unpack
+
 import numpy as np
 import torch
 
+from common.config import RunConfig
+from common.messages import MENTEE
 from common.records import Arrays, invalid_reason, shapes
 from models.mutual import decompress
-from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fml import float_state, shared_arch
 
-MENTEE = "mentee."
 US, VT = ".us", ".vt"
 
 
@@ -39,8 +42,21 @@ class FedKD(HeteroStrategy):
     name = "fedkd"
     shares_model = True
 
+    def __init__(
+        self, *, mentee_arch: str = "", family: str = "cnn", **kwargs: Unpack[RunSettings]
+    ) -> None:
+        super().__init__(**kwargs)
+        self.mentee_arch = mentee_arch
+        """Architecture of the mentee; empty = the smallest of ``family``."""
+        self.family = family
+        """The federation's model family (``model.family``)."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        return cls(mentee_arch=cfg.fedkd.mentee_arch, family=cfg.model.family, **run_settings(cfg))
+
     def init_global(self) -> Arrays:
-        model = self.build_for_nodes(shared_arch(self, self.cfg.fedkd.mentee_arch))
+        model = self.build_for_nodes(shared_arch(self, self.mentee_arch, self.family))
         return float_state(model, MENTEE)
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]] | None:

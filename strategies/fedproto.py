@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.messages import PROTO
 from common.records import Arrays
 from strategies.base import HeteroStrategy, NodeInfo, Upload
-
-PROTO = "proto."
 
 
 def present_classes(node: NodeInfo) -> list[int]:

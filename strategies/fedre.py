@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal, Self, Unpack
+
 import numpy as np
 
+from common.config import RunConfig
+from common.messages import REP, SOFT_LABEL
 from common.records import Arrays, invalid_reason
-from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.heads import head_diagnostics, initial_head, server_step
 
 
@@ -29,28 +33,55 @@ class FedRE(HeteroStrategy):
 
     name = "fedre"
 
+    def __init__(
+        self,
+        *,
+        server_lr: float = 0.01,
+        server_epochs: int = 1,
+        server_batch_size: int = 32,
+        server_loss: Literal["mean", "sum"] = "mean",
+        reps_per_client: int = 1,
+        **kwargs: Unpack[RunSettings],
+    ) -> None:
+        super().__init__(**kwargs)
+        self.server_lr = server_lr
+        self.server_epochs = server_epochs
+        self.server_batch_size = server_batch_size
+        self.server_loss = server_loss
+        self.reps_per_client = reps_per_client
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        f = cfg.fedre
+        return cls(
+            server_lr=f.server_lr,
+            server_epochs=f.server_epochs,
+            server_batch_size=f.server_batch_size,
+            server_loss=f.server_loss,
+            reps_per_client=f.reps_per_client,
+            **run_settings(cfg),
+        )
+
     def init_global(self) -> Arrays:
-        return initial_head(self.nodes.values(), self.cfg.seed)
+        return initial_head(self.nodes.values(), self.seed)
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
-        n = self.cfg.fedre.reps_per_client
-        return {"rep": (n, node.feature_dim), "soft-label": (n, node.num_classes)}
+        n = self.reps_per_client
+        return {REP: (n, node.feature_dim), SOFT_LABEL: (n, node.num_classes)}
 
     def check_upload(self, node: NodeInfo, arrays: Arrays) -> str | None:
         reason = invalid_reason(arrays, self.expected_upload(node))
         if reason is None:
-            soft = arrays["soft-label"].astype(np.float64)
+            soft = arrays[SOFT_LABEL].astype(np.float64)
             sums = soft.sum(axis=1)
             if (soft < 0).any() or np.abs(sums - 1.0).max() > 1e-4:
                 reason = f"soft label is not a distribution (sums {np.round(sums, 6).tolist()})"
         return reason
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        x = np.concatenate([u.arrays["rep"] for u in uploads])
-        y = np.concatenate([u.arrays["soft-label"] for u in uploads])
-        head, before, after = server_step(
-            self.global_arrays, x, y, self.cfg.fedre, self.cfg.seed, server_round
-        )
+        x = np.concatenate([u.arrays[REP] for u in uploads])
+        y = np.concatenate([u.arrays[SOFT_LABEL] for u in uploads])
+        head, before, after = server_step(self.global_arrays, x, y, self, self.seed, server_round)
         self.diagnostics = head_diagnostics(self.global_arrays, head, before, after)
         # the floor of the soft-label loss: CE(w, q) = H(w) + KL(w || q) >= H(w)
         self.diagnostics["label-entropy"] = label_entropy(y)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self, Unpack
 
 import numpy as np
 import torch
 
+from common.config import RunConfig
+from common.messages import PROTO
 from common.records import Arrays
 from models.tgp import PrototypeGenerator, adaptive_margin, train_generator
 from models.threads import torch_threads
-from strategies.base import HeteroStrategy, NodeInfo, Upload
-from strategies.fedproto import PROTO, class_mean, expected_prototypes
+from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
+from strategies.fedproto import class_mean, expected_prototypes
 from strategies.heads import common_head_shape
 
 
@@ -34,15 +36,43 @@ class FedTGP(HeteroStrategy):
 
     name = "fedtgp"
 
-    def __init__(self, cfg) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(cfg)
+    def __init__(
+        self,
+        *,
+        server_epochs: int = 100,
+        server_lr: float = 0.01,
+        server_batch_size: int = 10,
+        margin_threshold: float = 100.0,
+        hidden_dim: int = 0,
+        **kwargs: Unpack[RunSettings],
+    ) -> None:
+        super().__init__(**kwargs)
+        self.server_epochs = server_epochs
+        self.server_lr = server_lr
+        self.server_batch_size = server_batch_size
+        self.margin_threshold = margin_threshold
+        """Upper bound of the adaptive margin."""
+        self.hidden_dim = hidden_dim
+        """Width of the generator's hidden layer; 0 = d."""
         self.generator: PrototypeGenerator | None = None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        f = cfg.fedtgp
+        return cls(
+            server_epochs=f.server_epochs,
+            server_lr=f.server_lr,
+            server_batch_size=f.server_batch_size,
+            margin_threshold=f.margin_threshold,
+            hidden_dim=f.hidden_dim,
+            **run_settings(cfg),
+        )
 
     def init_global(self) -> Arrays:
         d, c = common_head_shape(self.nodes.values())
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.cfg.seed)
-            self.generator = PrototypeGenerator(c, d, self.cfg.fedtgp.hidden_dim or d)
+            torch.manual_seed(self.seed)
+            self.generator = PrototypeGenerator(c, d, self.hidden_dim or d)
         return {}
 
     def extra_state(self) -> dict[str, Any]:
@@ -58,24 +88,23 @@ class FedTGP(HeteroStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         assert self.generator is not None
-        f = self.cfg.fedtgp
         protos, labels = [], []
         for u in uploads:
             for key, value in u.arrays.items():
                 protos.append(value)
                 labels.append(int(key.removeprefix(PROTO)))
         centres = np.stack(list(class_mean(uploads).values()))
-        margin = adaptive_margin(torch.from_numpy(centres), f.margin_threshold)
-        gen = torch.Generator().manual_seed(self.cfg.seed * 100_003 + server_round)
+        margin = adaptive_margin(torch.from_numpy(centres), self.margin_threshold)
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + server_round)
         with torch_threads(1):  # thousands of tiny steps: threads only add overhead
             before, after = train_generator(
                 self.generator,
                 torch.from_numpy(np.stack(protos)).float(),
                 torch.tensor(labels),
                 margin,
-                epochs=f.server_epochs,
-                lr=f.server_lr,
-                batch_size=f.server_batch_size,
+                epochs=self.server_epochs,
+                lr=self.server_lr,
+                batch_size=self.server_batch_size,
                 generator=gen,
             )
         self.diagnostics = {

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Self, Unpack
+
+from common.config import RunConfig
+from common.messages import MEME
 from common.records import Arrays
 from models import smallest_arch
-from strategies.base import HeteroStrategy, Upload
-
-MEME = "meme."
+from strategies.base import HeteroStrategy, RunSettings, Upload, run_settings
 
 
-def shared_arch(strategy: HeteroStrategy, configured: str) -> str:
-    """``configured``, or the smallest architecture of ``model.family`` for the
-    nodes' input."""
+def shared_arch(strategy: HeteroStrategy, configured: str, family: str) -> str:
+    """``configured``, or the smallest architecture of ``family`` for the nodes'
+    input."""
     if configured:
         return configured
     node = next(iter(strategy.nodes.values()))
     meta = node.extras
     return smallest_arch(
-        strategy.cfg.model.family,
+        family,
         int(meta["in-channels"]),
         int(meta["image-size"]),
         bool(meta.get("small-stem", 1)),
@@ -48,8 +50,22 @@ class FML(HeteroStrategy):
     name = "fml"
     shares_model = True
 
+    def __init__(
+        self, *, meme_arch: str = "", family: str = "cnn", **kwargs: Unpack[RunSettings]
+    ) -> None:
+        super().__init__(**kwargs)
+        self.meme_arch = meme_arch
+        """Architecture of the meme model; empty = the smallest of ``family``."""
+        self.family = family
+        """The federation's model family (``model.family``)."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        return cls(meme_arch=cfg.fml.meme_arch, family=cfg.model.family, **run_settings(cfg))
+
     def init_global(self) -> Arrays:
-        return float_state(self.build_for_nodes(shared_arch(self, self.cfg.fml.meme_arch)), MEME)
+        arch = shared_arch(self, self.meme_arch, self.family)
+        return float_state(self.build_for_nodes(arch), MEME)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         return self.mean_of(uploads)

@@ -9,14 +9,18 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from common.messages import HEAD
 from common.records import Arrays
 from models.entangle import train_head
 from models.threads import torch_threads
 from strategies.base import NodeInfo
 
+WEIGHT, BIAS = HEAD + "weight", HEAD + "bias"
+"""The global head's two arrays, ``[C, d]`` and ``[C]``."""
+
 
 class HeadTraining(Protocol):
-    """The ``fedre.*`` / ``fedgh.*`` server settings."""
+    """The server-side head training settings (FedGH and FedRE strategies have them)."""
 
     @property
     def server_lr(self) -> float: ...
@@ -45,8 +49,8 @@ def initial_head(nodes: Iterable[NodeInfo], seed: int) -> Arrays:
         torch.manual_seed(seed)
         head.reset_parameters()
     return {
-        "head.weight": head.weight.detach().numpy().copy(),
-        "head.bias": head.bias.detach().numpy().copy(),
+        WEIGHT: head.weight.detach().numpy().copy(),
+        BIAS: head.bias.detach().numpy().copy(),
     }
 
 
@@ -67,8 +71,8 @@ def server_step(
     gen = torch.Generator().manual_seed(seed * 100_003 + server_round)
     with torch_threads(1):  # thousands of tiny steps: threads only add overhead
         w, b, before, after = train_head(
-            torch.from_numpy(head["head.weight"]),
-            torch.from_numpy(head["head.bias"]),
+            torch.from_numpy(head[WEIGHT]),
+            torch.from_numpy(head[BIAS]),
             torch.from_numpy(inputs),
             torch.from_numpy(soft_labels),
             lr=settings.server_lr,
@@ -77,7 +81,7 @@ def server_step(
             generator=gen,
             reduction=getattr(settings, "server_loss", "mean"),
         )
-    return {"head.weight": w.numpy(), "head.bias": b.numpy()}, before, after
+    return {WEIGHT: w.numpy(), BIAS: b.numpy()}, before, after
 
 
 def head_diagnostics(old: Arrays, new: Arrays, before: float, after: float) -> dict[str, float]:
@@ -85,7 +89,7 @@ def head_diagnostics(old: Arrays, new: Arrays, before: float, after: float) -> d
     the relative change of the head ‖Δ[W b]‖_F / ‖[W b]‖_F."""
 
     def flat(h: Arrays) -> np.ndarray:
-        return np.concatenate([h["head.weight"].ravel(), h["head.bias"].ravel()]).astype(np.float64)
+        return np.concatenate([h[WEIGHT].ravel(), h[BIAS].ravel()]).astype(np.float64)
 
     change = float(np.linalg.norm(flat(new) - flat(old))) / max(
         float(np.linalg.norm(flat(old))), 1e-30

@@ -22,7 +22,7 @@ class LGFedAvg(HeteroStrategy):
     shares_model = True
 
     def init_global(self) -> Arrays:
-        return initial_head(self.nodes.values(), self.cfg.seed)
+        return initial_head(self.nodes.values(), self.seed)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         return self.mean_of(uploads)

@@ -36,7 +36,7 @@ def node(
 
 
 def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroStrategy:
-    s = cls(parse_run_config(cfg))
+    s = cls.from_config(parse_run_config(cfg))
     s.nodes = {n.node_id: n for n in nodes}
     return s
 
