@@ -57,37 +57,53 @@ Scalar = bool | int | float | str
 
 
 class RunConfig(Section):
-    """Every run-config key of the app (see README, "Run-config")."""
+    """Every run-config key of the app: the top-level keys below, then one section per
+    dotted prefix (:mod:`common.sections`); docs/configuration.md lists them all."""
 
     algorithm: str = "lgfedavg"
-    """The method: a name registered in :mod:`common.methods`."""
+    """The federated method to run (docs/algorithms.md); ``fedavg`` needs a homogeneous
+    ``model.family``."""
     num_server_rounds: int = Field(10, ge=1)
+    """Federated rounds to run."""
     fraction_train: float = Field(1.0, gt=0, le=1)
+    """Share of the online nodes sampled for training each round (seeded)."""
     fraction_evaluate: float = Field(1.0, ge=0, le=1)
+    """Share of the online nodes sampled for evaluation; 0 disables evaluation."""
     min_train_nodes: int = Field(2, ge=1)
+    """At least this many nodes train in a round."""
     min_evaluate_nodes: int = Field(2, ge=0)
+    """At least this many nodes evaluate in a round."""
     min_available_nodes: int = Field(2, ge=1)
+    """A round waits until this many nodes are online (at least ``min-train-nodes``)."""
     min_valid_replies: float = Field(0, ge=0)
-    """Valid training replies a round needs: a count (≥ 1), a fraction of the
-    sampled nodes (below 1), or 0: half of the sampled nodes for algorithms that
-    replace a whole shared model by a mean, one reply otherwise."""
+    """Valid training replies a round needs, else the global state is kept: a count
+    (≥ 1), a fraction of the sampled nodes (below 1), or 0: half of the sampled nodes
+    for algorithms that replace a whole shared model by a mean, one reply otherwise."""
     max_weight_share: float = Field(1.0, gt=0, le=1)
-    """Largest share any one reply may have in a weighted mean (1: off)."""
+    """Largest share any one reply may have in a weighted mean (the excess goes to the
+    others in proportion); 1 = off."""
     round_timeout: float = Field(3600.0, gt=0)
+    """Seconds the server waits for replies in one phase of a round."""
     eval_every: int = Field(1, ge=1)
+    """Evaluate every this many rounds (and always after the last)."""
     server_threads: int = Field(0, ge=0)
     """Torch intra-op threads of the ServerApp process (the server's decompositions,
-    reconstructions and head training); 0 = torch's default, every core."""
+    reconstructions and head training); 0 = torch's default, every core. Set 1 when
+    other busy processes share the server's cores."""
     seed: int = Field(0, ge=0)
+    """Seed of the partition, model initialisation, sampling, shuffling and FedRE's
+    weights."""
     carry_personal_state: bool = False
     """A node with a state dir starts a new run from the personal model an earlier
     run left on it (off: every run starts fresh; a resumed run always continues its
     own)."""
     out_dir: str = "~/fedhet-runs/{algorithm}-{timestamp}"
+    """Results folder; ``{algorithm}``, ``{seed}`` and ``{timestamp}`` are filled in
+    (keep it outside the app folder)."""
     resume: str = ""
     """The out-dir of an earlier run to continue from its last complete round (its
     config must match but for num-server-rounds, round-timeout, out-dir); results are
-    written there."""
+    written there. Empty = a new run."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -158,6 +174,8 @@ def _describe(err: Mapping[str, Any], flat: Mapping[str, Scalar]) -> str:
     loc = [str(p) for p in err["loc"] if isinstance(p, str)]
     key = ".".join(loc)
     if err["type"] == "extra_forbidden":
+        # a whole unknown section: name the first key the user wrote in it
+        key = next((k for k in flat if k.startswith(key + ".")), key)
         return f"unknown run-config key '{key}'; known keys: {', '.join(known_keys())}"
     msg = str(err["msg"]).removeprefix("Value error, ")
     if key in flat:

@@ -4,6 +4,9 @@
 (``fedre.*``, ``fedara.*``, ...). Light on purpose: pydantic only, so the method
 registry (:mod:`common.methods`) can name an algorithm's section without importing
 the whole run-config model.
+
+Every field's attribute docstring is its description (``use_attribute_docstrings``):
+``python -m common.config_doc`` renders them into docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -18,10 +21,15 @@ def _kebab(name: str) -> str:
 
 
 class Section(BaseModel):
-    """Base of every section: frozen, unknown keys refused, kebab-case aliases."""
+    """Base of every section: frozen, unknown keys refused, kebab-case aliases, each
+    field described by its attribute docstring."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=_kebab,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
 
@@ -38,18 +46,36 @@ class DataConfig(Section):
         "clients-npz",
         "synthetic",
     ] = "fashion-mnist"
+    """The dataset: a named one, an ``npz`` file, an ``imagefolder`` tree, ``clients-npz``
+    (a ready-made partition, one file per client) or ``synthetic`` (a small set for
+    tests); where each is looked for: README, Data."""
     root: str = ""
-    """Dataset location; empty = the dataset's default places (see README)."""
+    """Dataset location (the file for ``npz``, the folder for ``imagefolder`` and
+    ``clients-npz``); empty = the dataset's default places (README, Data)."""
     partition: Literal["dirichlet", "pathological", "iid"] = "dirichlet"
+    """How samples are split over clients: ``dirichlet`` (label shares drawn with
+    concentration ``data.alpha``), ``pathological`` (``data.classes-per-client`` classes
+    each) or ``iid``."""
     alpha: float = Field(0.1, gt=0)
+    """Dirichlet concentration of the ``dirichlet`` partition; smaller = more skewed
+    label distributions."""
     classes_per_client: int = Field(2, ge=1)
+    """Classes each client holds under the ``pathological`` partition."""
     protocol: Literal["merge", "official"] = "merge"
+    """``merge``: the official train and test sets are pooled and each client's share is
+    split into local train and test (HtFLlib); ``official``: only the official train set
+    is partitioned."""
     fraction: float = Field(1.0, gt=0, le=1)
+    """Keep a seeded, stratified fraction of the dataset; 1 = all of it."""
     download: bool = False
+    """Let torchvision download a missing dataset into ``data.root``."""
     train_fraction: float = Field(0.75, gt=0, lt=1)
     """Share of each client's samples used for local training (rest: local test)."""
     min_train_samples: int = Field(10, ge=1)
+    """Minimum local training samples per client; a split that cannot give every
+    client this many stops with an error naming the key."""
     min_test_samples: int = Field(2, ge=1)
+    """Minimum local test samples per client (as ``data.min-train-samples``)."""
     cache_dir: str = ""
     """Where computed partitions are cached; empty = ``~/.cache/fedhet/partitions``."""
 
@@ -58,11 +84,15 @@ class ModelConfig(Section):
     """``model.*``: the model family and the unified representation size ``d``."""
 
     family: str = "cnn"
-    """A family name (``cnn``, ``fedavgcnn``, ``htfe``, ...) or a comma-separated
-    list of architecture names, assigned round-robin by partition id."""
+    """A family name (``cnn``: CNN-1..5; ``fedavgcnn``; ``htfe``; ``htfe8``; README,
+    Models) or a comma-separated list of architecture names, assigned round-robin by
+    partition id."""
     feature_dim: int = Field(0, ge=0)
-    """Unified representation size ``d``; 0 = the family's natural ``d``."""
+    """Unified representation size ``d``; 0 = the family's natural ``d`` (500 for
+    ``cnn``, 512 otherwise)."""
     small_input_stem: bool = True
+    """torchvision nets get a 3×3 stride-1 first conv and no max-pool (for 28–32 px
+    images)."""
     init: Literal["per-client", "shared"] = "per-client"
     """Initial weights: ``per-client`` (seeded by (seed, partition)) or ``shared``
     (every client of an architecture starts from the same weights, seeded by
@@ -81,21 +111,31 @@ class TrainConfig(Section):
     """``train.*``: the shared local training loop (SGD)."""
 
     local_epochs: int = Field(1, ge=1)
+    """Local training epochs per round."""
     batch_size: int = Field(10, ge=1)
+    """Local batch size."""
     lr: float = Field(0.01, gt=0)
+    """SGD learning rate."""
     momentum: float = Field(0.0, ge=0, lt=1)
+    """SGD momentum; 0 = none."""
     weight_decay: float = Field(0.0, ge=0)
+    """SGD weight decay; 0 = none."""
     num_threads: int = Field(1, ge=0)
     """Torch intra-op threads per client process; 0 = leave torch's default."""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Where clients train; ``auto`` = CUDA when available, else the CPU (a node's
+    profile may choose instead)."""
 
 
 class FedREConfig(Section):
     """``fedre.*``: server-side head training on entangled representations."""
 
     server_lr: float = Field(0.01, gt=0)
+    """SGD learning rate of the server's head training."""
     server_epochs: int = Field(1, ge=1)
+    """Server epochs per round over the received (representation, soft label) pairs."""
     server_batch_size: int = Field(32, ge=1)
+    """Batch size of the server's head training."""
     server_loss: Literal["mean", "sum"] = "mean"
     """Soft-label cross-entropy of a server batch: averaged over the batch, or summed
     (the published code's, a step ``batch`` times larger at the same lr)."""
@@ -105,22 +145,29 @@ class FedREConfig(Section):
     sample representations."""
     reps_per_client: int = Field(1, ge=1)
     """Entangled representations each client uploads per round (independent weight
-    draws; the paper: 1)."""
+    draws; the paper: 1); the upload is n·(d + C)·4 bytes."""
 
 
 class FedProtoConfig(Section):
     """``fedproto.*``: prototype regularisation strength and inference rule."""
 
     lam: float = Field(10.0, ge=0, alias="lambda")
+    """Weight λ of the client's MSE between a representation and the global prototype
+    of its class; 0 = none."""
     infer: Literal["head", "proto"] = "head"
+    """How a client predicts: ``head`` (its classifier) or ``proto`` (the nearest
+    global prototype)."""
 
 
 class FedGHConfig(Section):
     """``fedgh.*``: server-side head training on class prototypes."""
 
     server_lr: float = Field(0.01, gt=0)
+    """SGD learning rate of the server's head training."""
     server_epochs: int = Field(100, ge=1)
+    """Server epochs per round over the received (prototype, class) pairs (HtFLlib's)."""
     server_batch_size: int = Field(10, ge=1)
+    """Batch size of the server's head training (HtFLlib's)."""
 
 
 class FedTGPConfig(Section):
@@ -128,10 +175,16 @@ class FedTGPConfig(Section):
     prototypes with an adaptive margin on the server."""
 
     lam: float = Field(10.0, ge=0, alias="lambda")
+    """Weight λ of the client's MSE between a representation and the generated
+    prototype of its class; 0 = none."""
     server_epochs: int = Field(100, ge=1)
+    """Epochs of the server's prototype-generator training per round."""
     server_lr: float = Field(0.01, gt=0)
+    """SGD learning rate of the generator."""
     server_batch_size: int = Field(10, ge=1)
+    """Received prototypes per generator step."""
     margin_threshold: float = Field(100.0, ge=0)
+    """Cap of the adaptive margin in the generator's contrastive loss."""
     hidden_dim: int = Field(0, ge=0)
     """Width of the generator's hidden layer; 0 = d."""
 
@@ -140,9 +193,13 @@ class FedKDConfig(Section):
     """``fedkd.*``: the shared mentee and the energy its SVD-compressed update keeps."""
 
     mentee_arch: str = ""
-    """Architecture of the shared mentee; empty = the family's smallest."""
+    """Architecture of the shared mentee; empty = the family's smallest (``cnn-5`` for
+    ``cnn``)."""
     energy_start: float = Field(0.95, gt=0, le=1)
+    """Share of Σσ² each matrix of the mentee's update keeps after SVD compression, in
+    round 1."""
     energy_end: float = Field(0.98, gt=0, le=1)
+    """The same share in the last round (linear in between)."""
 
 
 class FMLConfig(Section):
@@ -151,7 +208,9 @@ class FMLConfig(Section):
     meme_arch: str = ""
     """Architecture of the shared meme model; empty = the family's smallest."""
     alpha: float = Field(0.5, ge=0, le=1)
+    """The own model's loss: α·CE + (1−α)·KL(meme‖own)."""
     beta: float = Field(0.5, ge=0, le=1)
+    """The meme's loss: β·CE + (1−β)·KL(own‖meme)."""
 
 
 class PrivacyConfig(Section):
@@ -161,29 +220,36 @@ class PrivacyConfig(Section):
     """L2 bound of every uploaded representation vector (FedRE's entangled
     representation, FedProto/FedGH/FedTGP prototypes); 0 = off."""
     noise: float = Field(0.0, ge=0)
-    """Gaussian noise added to each such vector: σ = noise × clip."""
+    """Gaussian noise added to each such vector: σ = noise × clip per element (seeded by
+    seed, round and partition); 0 = none."""
     dp_clip: float = Field(0.0, ge=0)
     """Parameter uploads (the algorithms that upload what they were sent: fedavg,
     lgfedavg, fedlora, fml, fedara): Flower's LocalDpMod with this clipping norm of the
     update (0 = off)."""
     dp_epsilon: float = Field(1.0, gt=0)
+    """LocalDpMod's ε (used when ``privacy.dp-clip`` > 0)."""
     dp_delta: float = Field(1e-5, gt=0, lt=1)
+    """LocalDpMod's δ (used when ``privacy.dp-clip`` > 0)."""
 
 
 class FedARAConfig(Section):
     """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
 
     rank_tiers: str = "1,0.5,0.25,0.125,0.0625"
-    """Rank ratios assigned round-robin by partition id (node-config ``rank-ratio``
-    overrides in deployment)."""
+    """Rank ratios assigned round-robin by partition id (node-config ``rank-ratio`` or
+    the node's profile take precedence)."""
     layers: str = ""
     """Comma-separated extractor layers to factorise; empty = the two largest
     factorisable layers, first conv excluded."""
     base_arch: str = ""
     """Architecture every client starts from; empty = the first of model.family."""
     lam: float = Field(2.0, ge=0, alias="lambda")
+    """Anchor-loss weight λ, reached after the warm-up; 0 = no anchor loss."""
     warmup_rounds: int = Field(10, ge=0)
+    """Rounds W of the anchor weight's warm-up, λ_t = λ·min(1, (t−1)/W); 0 = the full λ
+    from round 2 (round 1 never has an anchor term)."""
     frobenius_decay: float = Field(1e-3, ge=0)
+    """μ of the Frobenius decay μ·Σ‖U Vᵀ‖²_F of the factorised layers; 0 = off."""
     decay_every: int = Field(0, ge=0)
     """Apply the Frobenius decay as one closed-form step every this many SGD steps
     (with weight μ·steps); 0 = once at the end of every epoch."""
@@ -198,18 +264,17 @@ class FedARAConfig(Section):
     is divided by ``g`` before aggregation."""
     truncation: Literal["svd", "tracked"] = "tracked"
     """``svd``: a tier is served the truncated SVD of the global layer (the paper);
-    ``tracked``: the projection onto r directions that follow the previous round's
-    (one step of subspace iteration per global state, starting from the first
-    round's SVD), so a tier's subspace does not jump where the spectrum is flat
-    (better on every scarce seed and 11 points better in the practical regime,
-    README)."""
+    ``tracked``: the projection onto r directions that follow the previous round's (one
+    step of subspace iteration per global state, from the first round's SVD), so a
+    tier's subspace does not jump where the spectrum is flat (better on every scarce
+    seed, 11 points better in the practical regime; docs/results/methods.md)."""
     anchor_reduction: Literal["mean", "sum"] = "mean"
     """``mean``: MSE averaged over the d elements; ``sum``: squared L2 distance per
     sample, averaged over the batch (d times ``mean``)."""
     server_lr: float = Field(3.0, gt=0)
     """η in ``W ← W + η (W_rule − W)``, ``W_rule`` being what the aggregation rule makes
     of the replies (every extractor tensor): 1 = the rule as is (the paper); 3 was the
-    best of 1, 2, 3, 5 in the scarce benchmark (README)."""
+    best of 1, 2, 3, 5 in the scarce benchmark (docs/results/methods.md)."""
 
     @field_validator("rank_tiers")
     @classmethod
@@ -233,13 +298,17 @@ class FedLoRAConfig(Section):
     """``fedlora.*``: the homogeneous low-rank adapter and the two phases."""
 
     rank: int = Field(8, ge=1)
+    """Adapter rank r."""
     alpha: float = Field(8.0, gt=0)
+    """LoRA scaling α: the branch is (α/r)·B A."""
     targets: str = "head"
     """Comma-separated places that get a LoRA branch: ``head`` (parallel to the
     head), ``rep`` (a residual d→d branch on the representation the head reads),
     and/or d→d Linear layers every client has (e.g. ``extractor.fc2``)."""
     local_epochs: int = Field(1, ge=1)
+    """E₁: epochs on the local model per round, adapter frozen."""
     adapter_epochs: int = Field(1, ge=1)
+    """E₂: epochs on the adapter per round, local model frozen (in eval mode)."""
     lr: float = Field(0.0, ge=0)
     """SGD learning rate of the adapter phase; 0 = ``train.lr``."""
 
