@@ -10,7 +10,7 @@ local training, computing the upload) is compared as a ratio of medians to
 other work shares; the accuracy runs' per-round times are not (they ran at
 different times).
 
-    python benchmarks/compute_cost.py --out benchmarks/out/compute-cost.json
+    python -m benchmarks.compute_cost --out benchmarks/out/compute-cost.json
 """
 
 from __future__ import annotations
@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.probe import task_identity
 
-from benchmarks.probe import task_identity  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 REFERENCE = "lgfedavg"
 

@@ -10,7 +10,7 @@ medians), what the warm executor pays instead (the warm parent once; a fork per
 message), and the resident memory of a cold ClientApp process against the warm
 parent + one child (copy-on-write shares the imported libraries).
 
-    python benchmarks/deployment.py --out benchmarks/out/deployment.json
+    python -m benchmarks.deployment --out benchmarks/out/deployment.json
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from cli.federation import Federation
+from cli.launch import children_map, descendants, run_simulation
 
-from cli.federation import Federation  # noqa: E402
-from cli.launch import children_map, descendants, run_simulation  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 NODES = 3
 ROUNDS = 6
@@ -99,7 +98,6 @@ def startup_breakdown(cache: Path) -> dict:
 
 WARM_PROBE = r"""
 import json, multiprocessing, os, sys, time
-sys.path.insert(0, sys.argv[1])
 from cli.warm import PRELOAD
 
 def mem(pid):
@@ -139,7 +137,7 @@ if __name__ == "__main__":
         p = ctx.Process(target=nothing); p.start(); p.join()
         forks.append(time.perf_counter() - t)
     q = ctx.Queue()
-    p = ctx.Process(target=ready, args=(sys.argv[2], q)); p.start()
+    p = ctx.Process(target=ready, args=(sys.argv[1], q)); p.start()
     child_s, child_mem = q.get(), q.get()
     from multiprocessing import forkserver
     parent_mem = mem(forkserver._forkserver._forkserver_pid)
@@ -153,13 +151,12 @@ if __name__ == "__main__":
 COLD_PROBE = r"""
 import json, os, sys, time
 t = time.perf_counter()
-sys.path.insert(0, sys.argv[1])
 import numpy, torch, flwr.app, flwr.clientapp, flwr.supernode.cli  # what a cold process imports
 import client_app.app  # noqa: F401
 from common.config import parse_run_config
 from data import load_client_data
 from models import build_model
-c = parse_run_config({"data.fraction": 0.05, "data.alpha": 0.1, "data.cache-dir": sys.argv[2]})
+c = parse_run_config({"data.fraction": 0.05, "data.alpha": 0.1, "data.cache-dir": sys.argv[1]})
 load_client_data(c.data, 0, 3, 0)
 build_model("cnn-1", in_channels=1, num_classes=10, image_size=28, feature_dim=500, seed=0)
 out = {}
@@ -175,16 +172,19 @@ print(json.dumps(out))
 
 def probe(code: str, cache: Path) -> dict:
     """Run ``code`` as a script file in a fresh process (a fork server's children
-    import the main module by its path)."""
+    import the main module by its path) that imports the app from the repository root
+    (``PYTHONPATH``)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "probe.py"
         script.write_text(code)
         out = subprocess.run(
-            [sys.executable, str(script), str(ROOT), str(cache)],
+            [sys.executable, str(script), str(cache)],
             capture_output=True,
             text=True,
             timeout=600,
             cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": path},
         )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])

@@ -4,10 +4,10 @@ in every row.
 20 clients (Fashion-MNIST ``data.fraction=0.05`` by default, about 150 training samples a
 client, so the 48 runs stay short; ``--fraction``), Dirichlet 0.5, 10 rounds, for fedavg
 (``fedavgcnn``), lgfedavg, fedre and fedara (``cnn`` family). The runs go through the
-in-process grid of the tests (``tests/fakegrid.py``, the real ClientApp and ServerApp
-code, no Ray), whose fault hook turns the replies of 20 % of the clients (partitions
-0, 5, 10, 15) into a hostile kind every round; the hook is test-only code, not
-reachable from a run config. Rows: a clean run; NaN, a wrong shape, float64, int64, a
+in-process grid the tests use (``server_app/inprocess.py``, the real ClientApp and
+ServerApp code, no Ray), whose fault hook turns the replies of 20 % of the clients
+(partitions 0, 5, 10, 15) into a hostile kind every round; the hook is not reachable
+from a run config. Rows: a clean run; NaN, a wrong shape, float64, int64, a
 huge num-examples, array bytes that are no ``.npy`` payload, an empty reply, an error
 reply; those clients crashing (no reply);
 a straggler past ``round-timeout`` (its reply comes too late); the server killed at
@@ -15,9 +15,9 @@ the start of round 5 and resumed. Columns: rounds completed, rejected replies by
 reason, whether the global state stayed finite, the final accuracy against the clean
 run's, and for the resumed row whether its per-round metrics equal the clean run's.
 
-    python benchmarks/faults.py --out benchmarks/out/faults.json
+    python -m benchmarks.faults --out benchmarks/out/faults.json
     # rerun some rows (or algorithms), keeping the others from --out
-    python benchmarks/faults.py --out docs/results/faults.json --rows "undecodable bytes"
+    python -m benchmarks.faults --out docs/results/faults.json --rows "undecodable bytes"
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.probe import task_identity
 
-from benchmarks.probe import task_identity  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 NODES, ROUNDS, HOSTILE = 20, 10, (0, 5, 10, 15)
 ALGORITHMS: dict[str, dict[str, Any]] = {
@@ -121,8 +119,7 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
     from client_app.app import app as client_app
     from common.config import parse_run_config
     from server_app.app import serve
-    from tests.fakegrid import FakeGrid
-    from tests.support import small_config
+    from server_app.inprocess import FakeGrid, small_config
 
     overrides = {
         "algorithm": algorithm,
@@ -137,7 +134,7 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
     }
 
     class Grid(FakeGrid):
-        """The tests' in-process grid with this row's fault."""
+        """The in-process grid with this row's fault."""
 
         crash_at = 5 if row == RESUMED else None
 

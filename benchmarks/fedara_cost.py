@@ -14,7 +14,7 @@
    amortised (the default) and applied every step, and the peak RSS (VmHWM) of a
    fresh process doing that round.
 
-    python benchmarks/fedara_cost.py --out benchmarks/out/fedara-cost.json
+    python -m benchmarks.fedara_cost --out benchmarks/out/fedara-cost.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
 
@@ -52,7 +51,7 @@ def server_time(
     from common.config import parse_run_config
     from strategies.base import NodeInfo
     from strategies.fedara import FedARA
-    from tests.replies import reply
+    from strategies.testing import reply
 
     torch.set_num_threads(threads)
     nodes = [
@@ -138,7 +137,6 @@ def server_time(
 
 CHILD = r"""
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
 from benchmarks.probe import peak_mb, task_identity
 task_identity()
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -147,7 +145,7 @@ from common.config import flatten, parse_run_config
 from common.records import payload_bytes, to_record
 from strategies.base import NodeInfo
 from strategies.fedara import FedARA
-runs, repeats = json.loads(sys.argv[2]), int(sys.argv[3])
+runs, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 
 def one_round(ratio, every):
     cfg = {"algorithm": "fedara", "fedara.rank-tiers": str(ratio), "data.alpha": 0.1,
@@ -194,12 +192,14 @@ def analytic_params(ratio: float) -> int:
 
 def child(runs: list[tuple[float, int]], repeats: int) -> dict:
     """Epoch times of ``(rank ratio, fedara.decay-every)`` runs, one fresh ClientApp
-    context each, interleaved ``repeats`` times in one fresh process."""
+    context each, interleaved ``repeats`` times in one fresh process (in the
+    repository root, which it imports from)."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), json.dumps(runs), str(repeats)],
+        [sys.executable, "-c", CHILD, json.dumps(runs), str(repeats)],
         capture_output=True,
         text=True,
         timeout=3600,
+        cwd=ROOT,
     )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])

@@ -6,7 +6,7 @@ loop calls the same model, data and training functions in one process, one clien
 after the other, with no Flower at all. Reported: median seconds per round with
 round 1 (start-up) excluded, and the ratio simulation / bare.
 
-    python benchmarks/overhead.py --rounds 6 --out benchmarks/out/overhead.json
+    python -m benchmarks.overhead --rounds 6 --out benchmarks/out/overhead.json
 """
 
 from __future__ import annotations
@@ -14,22 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import torch
+
+from cli.launch import Scalar
+from client_app.base import derive_seed
+from common.config import parse_run_config
+from common.records import weighted_mean
+from data import load_client_data
+from models import arch_for_partition, build_model
+from models.train import SGDSettings, evaluate, train
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from cli.launch import Scalar  # noqa: E402
-from client_app.base import derive_seed  # noqa: E402
-from common.config import parse_run_config  # noqa: E402
-from common.records import weighted_mean  # noqa: E402
-from data import load_client_data  # noqa: E402
-from models import arch_for_partition, build_model  # noqa: E402
-from models.train import SGDSettings, evaluate, train  # noqa: E402
 
 CLIENTS = 20
 

@@ -9,8 +9,8 @@ training image and its class-mean image. Rows: no protection, then every uploade
 vector clipped to L2 norm ``CLIP`` with Gaussian noise σ = z·``CLIP``, z in {0, 0.5, 1, 2}
 (``privacy.clip`` / ``privacy.noise``); accuracy against the reconstructions' PSNR.
 
-    python benchmarks/privacy.py --out benchmarks/out/privacy.json
-    python benchmarks/privacy.py --rows none,z1 --seeds 0   # a subset (runs are kept;
+    python -m benchmarks.privacy --out benchmarks/out/privacy.json
+    python -m benchmarks.privacy --rows none,z1 --seeds 0   # a subset (runs are kept;
                                                             # other rows stay in --out)
 """
 
@@ -20,15 +20,11 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.accuracy import OUT, REGIMES, ROUNDS, complete  # noqa: E402
-from benchmarks.probe import task_identity  # noqa: E402
-from cli.launch import run_simulation  # noqa: E402
+from benchmarks.probe import task_identity
+from benchmarks.suites import OUT, REGIMES, ROOT, ROUNDS, complete
+from cli.launch import run_simulation
 
 CLIP = 10.0
 """L2 bound of an uploaded vector: trained CNN prototypes here have norms of 10-21."""

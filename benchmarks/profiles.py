@@ -5,7 +5,7 @@ process does for one ``train.<algorithm>`` message (imports, data share, model,
 training, upload) and reports its peak RSS (``VmHWM``). Fashion-MNIST, Dirichlet
 0.1 over 20 partitions, partition 0 (2,625 training samples).
 
-    python benchmarks/profiles.py --out benchmarks/out/profiles.json
+    python -m benchmarks.profiles --out benchmarks/out/profiles.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-sys.path.insert(0, sys.argv[1])
 from benchmarks.probe import peak_mb, task_identity
 task_identity()
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -30,7 +29,7 @@ from client_app import profiles
 from common.config import flatten, parse_run_config
 t_import = time.perf_counter() - t0
 rss_imports = peak_mb()
-algorithm, profile = sys.argv[2], sys.argv[3]
+algorithm, profile = sys.argv[1], sys.argv[2]
 if profile == "jetson-orin-nano":  # no CUDA here: same settings on the CPU
     p = profiles.PROFILES[profile]
     profiles.PROFILES[profile] = type(p)(**{**p.__dict__, "device": "cpu", "needs_cuda": False})
@@ -68,10 +67,11 @@ print(json.dumps({
 
 def measure(algorithm: str, profile: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), algorithm, profile],
+        [sys.executable, "-c", CHILD, algorithm, profile],
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=ROOT,  # the child imports the app from the repository root
     )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
@@ -105,5 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

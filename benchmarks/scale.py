@@ -8,7 +8,7 @@ sum of PSS (each shared page split among the processes sharing it, so libraries
 mapped by every Ray worker are not counted once per worker) and, for reference, the
 sum of RSS.
 
-    python benchmarks/scale.py --out benchmarks/out/scale.json
+    python -m benchmarks.scale --out benchmarks/out/scale.json
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from cli.launch import descendants, run_simulation
 
-from cli.launch import descendants, run_simulation  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 WORKLOADS: dict[str, tuple[int, float]] = {"1000-all": (1000, 1.0), "5000-fifth": (5000, 0.2)}
 """Name -> (clients, share of them sampled for training and for evaluation)."""

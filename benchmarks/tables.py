@@ -1,7 +1,7 @@
 """README tables and plots from the runs of ``benchmarks/accuracy.py``.
 
-    python benchmarks/tables.py            # print the tables, write docs/results/*.png
-    python benchmarks/tables.py --readme   # also replace the results blocks (README, docs/)
+    python -m benchmarks.tables            # print the tables, write docs/results/*.png
+    python -m benchmarks.tables --readme   # also replace the results blocks (README, docs/)
 
 Only complete runs are used; a row says how many seeds it has.
 """
@@ -12,14 +12,8 @@ import argparse
 import json
 import re
 import statistics
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.accuracy import OUT, REGIMES, SUITES  # noqa: E402
-from benchmarks.results_page import (  # noqa: E402
+from benchmarks.results_page import (
     ARCHIVE,
     DOCS,
     RESULTS_PAGE,
@@ -30,6 +24,7 @@ from benchmarks.results_page import (  # noqa: E402
     results_page,
     summary_section,
 )
+from benchmarks.suites import OUT, REGIMES, ROOT, SUITES
 
 TIMINGS = (
     "overhead.json",
@@ -60,7 +55,7 @@ def overhead_section() -> str:
         [
             "#### Simulation overhead",
             "",
-            f"`python benchmarks/overhead.py --rounds {doc['rounds']}`: {doc['workload']}; "
+            f"`python -m benchmarks.overhead --rounds {doc['rounds']}`: {doc['workload']}; "
             "seconds per round, median with round 1 (start-up) excluded. The bare loop is the "
             "same model, data and training functions in one process with no Flower.",
             "",
@@ -97,7 +92,7 @@ def fedara_cost_section() -> str:
     lines = [
         "#### FedARA costs",
         "",
-        "`python benchmarks/fedara_cost.py`: server time per round (configure_train "
+        "`python -m benchmarks.fedara_cost`: server time per round (configure_train "
         "with the decompositions + aggregate_train with the default rule `coverage`: "
         "reconstruction, weighted mean, served residuals, per-direction normalisation), "
         "replies spread round-robin over the 5 default tiers "
@@ -244,7 +239,7 @@ def deployment_section() -> str:
         [
             "#### Deployment vs simulation",
             "",
-            f"`python benchmarks/deployment.py`: {doc['workload']}. Median seconds per round "
+            f"`python -m benchmarks.deployment`: {doc['workload']}. Median seconds per round "
             "(round 1 excluded), every mode measured in one run:",
             "",
             "| mode | s / round | × simulation |",
@@ -298,7 +293,7 @@ def scale_section() -> str:
     if not isinstance(doc, dict):
         return ""
     lines = [
-        "`python benchmarks/scale.py`: lgfedavg, IID Fashion-MNIST, `cnn` family, 2 rounds; "
+        "`python -m benchmarks.scale`: lgfedavg, IID Fashion-MNIST, `cnn` family, 2 rounds; "
         "memory of every process the run starts (SuperLink, SuperExec, simulation, Ray and "
         "its workers), sampled every 0.5 s: Σ PSS (shared pages split among their users) and "
         "Σ RSS.",
@@ -331,7 +326,7 @@ def privacy_section() -> str:
     forms = rows["none"]["forms"]
     seeds = ", ".join(str(s) for s in rows["none"].get("seeds", (0, 1, 2)))
     lines = [
-        f"`python benchmarks/privacy.py`: FedRE, scarce regime, seeds {seeds}, each run audited on "
+        f"`python -m benchmarks.privacy`: FedRE, scarce regime, seeds {seeds}, each run audited on "
         f"its first {doc['clients']} clients (white-box inversion, 300 Adam steps from noise, "
         "total-variation prior). PSNR / SSIM against the client's closest training image of "
         "the class, and PSNR against that class's mean image; higher = more recoverable.",
@@ -386,7 +381,7 @@ def faults_section() -> str:
     if not isinstance(doc, dict):
         return ""
     lines = [
-        f"`python benchmarks/faults.py`: {doc['nodes']} clients, {doc['rounds']} rounds, "
+        f"`python -m benchmarks.faults`: {doc['nodes']} clients, {doc['rounds']} rounds, "
         f"Fashion-MNIST `data.fraction={doc.get('fraction', 0.2):g}`, Dirichlet 0.5, the same "
         "partition and seed in "
         "every row; 20 % of the clients (partitions 0, 5, 10, 15) send the hostile kind in "

@@ -337,7 +337,7 @@ def superexec(ctx: typer.Context) -> None:
 def supernode(ctx: typer.Context) -> None:
     """Flower's SuperNode with its fixed waits (3 s idle pull, 0.5 s reply waits)
     cut to 0.05 s. Takes `flower-supernode`'s flags."""
-    from cli.warm import run_supernode
+    from cli.supernode import run_supernode
 
     run_supernode(list(ctx.args))
 

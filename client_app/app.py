@@ -8,6 +8,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
+from flwr.clientapp.typing import Mod
 from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
@@ -141,10 +142,11 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
-def make_app() -> ClientApp:
+def make_app(mods: list[Mod] | None = None) -> ClientApp:
     """A ClientApp that answers ``query.profile`` and, for every registered method,
-    ``train.<name>`` / ``evaluate.<name>`` with that method's client hook."""
-    client = ClientApp(mods=[parameter_dp])
+    ``train.<name>`` / ``evaluate.<name>`` with that method's client hook; ``mods``
+    run before fedhet's own (``parameter_dp``)."""
+    client = ClientApp(mods=[*(mods or []), parameter_dp])
     client.query("profile")(profile)
     for method in methods.METHODS.values():
         _route(client, method.name)

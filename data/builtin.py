@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 """Where the Debian package ``dataset-fashion-mnist`` installs the IDX files."""

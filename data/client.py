@@ -23,7 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from common.config import ConfigError, DataConfig
+from common.config import DataConfig
+from common.errors import ConfigError
 from data.datasets import channel_stats, load_arrays
 from data.layout import (
     GLOBAL_TEST_FILE,

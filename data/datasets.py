@@ -10,13 +10,17 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import ConfigError, DataConfig
+from common.errors import ConfigError
 from data.builtin import load_cifar, load_fashion_mnist
 from data.images import load_image_folder, load_tiny_imagenet
+
+if TYPE_CHECKING:
+    from common.config import DataConfig
 
 DEFAULT_DATA_ROOT = Path("~/.cache/fedhet/datasets")
 """Where datasets are looked up (and downloaded to) when ``data.root`` is empty."""

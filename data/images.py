@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})

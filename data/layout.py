@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import ConfigError, DataConfig
+from common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from common.config import DataConfig
 
 META_FILE = "meta.json"
 GLOBAL_TEST_FILE = "global_test.npz"

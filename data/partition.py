@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 IndexArray = NDArray[np.int64]
 

@@ -18,12 +18,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import ConfigError, DataConfig
+from common.errors import ConfigError
 from data.datasets import Dataset, load_arrays
 from data.layout import GLOBAL_TEST_FILE, META_FILE, clients_npz_dir
 from data.layout import partition_summary as partition_summary
@@ -35,6 +35,9 @@ from data.partition import (
     split_train_test,
     stratified_fraction,
 )
+
+if TYPE_CHECKING:
+    from common.config import DataConfig
 
 FORMAT_VERSION = 1
 DEFAULT_CACHE_DIR = Path("~/.cache/fedhet/partitions")

@@ -348,7 +348,8 @@ import torchvision
 from flwr.common.config import parse_config_args
 
 import cli.main  # the `fedhet` command
-import cli.warm  # `fedhet supernode` / `fedhet superexec`
+import cli.supernode  # `fedhet supernode`
+import cli.warm  # `fedhet superexec`
 import client_app.app  # the ClientApp
 
 if sys.argv[1]:

@@ -5,8 +5,9 @@ every 3 s inside ``send_and_receive``; the simulation's in-memory grid every 0.1
 :class:`PollingGrid` wraps whichever grid the ServerApp receives and implements
 ``send_and_receive`` with the public ``push_messages`` / ``pull_messages`` at a short
 interval, so a deployment round does not wait up to 3 s per phase for nothing. The
-reply objects it pulls are retried with the warm executor's short backoff
-(``cli.warm.PULL_BACKOFF``: 0.05 s doubling to 0.5 s, not Flower's 1 s doubling to 10 s).
+reply objects it pulls are retried with the node side's short backoff
+(``common.flower_runtime.PULL_BACKOFF``: 0.05 s doubling to 0.5 s, not Flower's 1 s
+doubling to 10 s).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from cli.warm import fast_object_pulls
+from common.flower_runtime import fast_object_pulls
 
 
 class PollingGrid(Grid):

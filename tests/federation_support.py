@@ -65,7 +65,7 @@ def _training_marker(msg, context, call_next):
         marker.unlink()
 
 
-app = ClientApp(mods=[_training_marker, parameter_dp])
+app = make_app(mods=[_training_marker])
 """
 
 
@@ -76,10 +76,10 @@ def marked_app(tmp_path: Path) -> tuple[Path, Path]:
     training = tmp_path / "training"
     training.mkdir()
     source = app / "client_app" / "app.py"
-    assert "\napp = ClientApp(mods=[parameter_dp])\n" in source.read_text()
+    assert "\napp = make_app()\n" in source.read_text()
     source.write_text(
         source.read_text().replace(
-            "\napp = ClientApp(mods=[parameter_dp])\n",
+            "\napp = make_app()\n",
             TRAINING_MARKER_MOD.format(folder=str(training)),
         )
     )

@@ -23,7 +23,6 @@ pytestmark = pytest.mark.e2e
 SCRIPT = """
 import sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 from cli.launch import run_simulation
 run_simulation(Path(sys.argv[1]), {"num-server-rounds": 100, "data.fraction": 0.05,
                "data.cache-dir": sys.argv[2] + "/cache", "out-dir": sys.argv[2] + "/out"},
@@ -46,6 +45,7 @@ def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        cwd=ROOT,  # the script imports the app from the repository root
     )
     assert proc.stdout is not None
     tree: set[int] = set()

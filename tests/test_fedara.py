@@ -18,9 +18,9 @@ from common.config import parse_run_config
 from common.records import to_numpy
 from models import build_model
 from models.lowrank import factorisable_layers, layer_rank, param_count
+from server_app.inprocess import client_context, run_inprocess
 from strategies.fedara import FedARA, update_coherence
-from tests.replies import node, reply, sized, strategy
-from tests.support import client_context, run_inprocess
+from strategies.testing import node, reply, sized, strategy
 
 LAYERS = "fc1,fc2"
 

@@ -14,9 +14,9 @@ from common import methods
 from common.records import to_numpy
 from models import build_model, family_archs
 from models.adapter import ADAPTERS, adapter_shapes, attach_adapters
+from server_app.inprocess import client_context, run_inprocess
 from strategies.fedlora import FedLoRA
-from tests.replies import node, reply, sized, strategy
-from tests.support import client_context, run_inprocess
+from strategies.testing import node, reply, sized, strategy
 
 
 def _adapter_state(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -10,7 +10,7 @@ from flwr.app import Array
 from common.records import to_numpy
 from strategies.fedara import FedARA
 from strategies.lgfedavg import LGFedAvg
-from tests.replies import node, reply, sized, strategy
+from strategies.testing import node, reply, sized, strategy
 
 
 def _lg(**cfg):  # type: ignore[no-untyped-def]

@@ -11,10 +11,9 @@ import pytest
 from client_app.app import app as client_app
 from common import methods
 from common.config import parse_run_config
+from server_app.inprocess import FakeGrid, run_inprocess, small_config
 from server_app.results import Recorded
 from strategies import make_strategy
-from tests.fakegrid import FakeGrid
-from tests.support import run_inprocess, small_config
 
 ROUND_KEYS = {
     "round",

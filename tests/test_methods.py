@@ -28,12 +28,11 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.messages import HEAD
 from common.records import Arrays, to_numpy
 from common.sections import Section
+from server_app.inprocess import FakeGrid, small_config
 from server_app.results import Recorded
 from strategies import make_strategy
 from strategies.base import HeteroStrategy, RunSettings, Upload, run_settings
 from strategies.heads import initial_head
-from tests.fakegrid import FakeGrid
-from tests.support import small_config
 
 
 # --------------------------------------------------------------------------- the method
@@ -220,7 +219,7 @@ def test_a_strategy_is_usable_without_a_run_config() -> None:
 
 def test_every_upload_key_a_strategy_expects_is_a_declared_message_key() -> None:
     """A method's ``keys`` cover what its strategy sends and expects back."""
-    from tests.replies import node
+    from strategies.testing import node
 
     nodes = [node(10, 0), node(11, 1)]
     for name in ("lgfedavg", "fedproto", "fedgh", "fedre", "fedtgp"):

@@ -15,11 +15,11 @@ from common import methods
 from common.records import to_numpy
 from models.mutual import compress, decompress, energy_at, energy_rank, fedkd_loss, fml_loss
 from models.tgp import PrototypeGenerator, adaptive_margin, margin_loss, train_generator
+from server_app.inprocess import client_context, run_inprocess
 from strategies.fedkd import FedKD
 from strategies.fedtgp import FedTGP
 from strategies.fml import FML
-from tests.replies import node, reply, sized, strategy
-from tests.support import client_context, run_inprocess
+from strategies.testing import node, reply, sized, strategy
 
 # ------------------------------------------------------------------ FedTGP
 

@@ -15,7 +15,7 @@ from client_app.base import open_run
 from common import methods
 from common.config import ConfigError
 from common.records import to_record
-from tests.support import client_context
+from server_app.inprocess import client_context
 
 
 def test_auto_picks_the_largest_profile_that_fits() -> None:

@@ -11,7 +11,7 @@ import torch
 from client_app.base import open_run
 from common import methods
 from models.privacy import closest, invert, protect, psnr, ssim
-from tests.support import client_context
+from server_app.inprocess import client_context
 
 
 def _image(seed: int = 0) -> torch.Tensor:

@@ -15,11 +15,11 @@ from client_app.prototypes import entangled, prototypes
 from common import methods
 from common.records import to_numpy, to_record
 from models.entangle import entangle_prototypes, random_weights, soft_cross_entropy
+from server_app.inprocess import client_context, run_inprocess
 from strategies.fedgh import FedGH
 from strategies.fedproto import FedProto
 from strategies.fedre import FedRE
-from tests.replies import node, reply, strategy
-from tests.support import client_context, run_inprocess
+from strategies.testing import node, reply, strategy
 
 # ----------------------------------------------------------------- entanglement math
 

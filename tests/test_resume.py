@@ -10,8 +10,7 @@ import pytest
 from client_app.app import app as client_app
 from common.config import ConfigError, parse_run_config
 from server_app.app import serve
-from tests.fakegrid import FakeGrid
-from tests.support import small_config
+from server_app.inprocess import FakeGrid, small_config
 
 KEYS = ("round", "accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
 

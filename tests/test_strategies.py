@@ -11,7 +11,7 @@ from common.records import to_numpy
 from strategies.fedavg import FedAvg
 from strategies.lgfedavg import LGFedAvg
 from strategies.local import Local
-from tests.replies import error_reply, node, reply, sized, strategy
+from strategies.testing import error_reply, node, reply, sized, strategy
 
 RNG = np.random.default_rng(0)
 

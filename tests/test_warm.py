@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from cli.warm import FLOWER_INTERNALS, flower_command, flower_internal
+from cli.warm import flower_command
+from common.flower_runtime import FLOWER_INTERNALS, flower_internal
 from server_app.grid import PollingGrid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +188,7 @@ def test_object_pulls_retry_a_missing_object_after_a_short_wait(
 
     from flwr.supercore.inflatable.inflatable_utils import pull_objects
 
-    from cli.warm import PULL_BACKOFF, fast_object_pulls
+    from common.flower_runtime import PULL_BACKOFF, fast_object_pulls
 
     assert _backoff_waits(monkeypatch, pull_objects, 6) == [1, 2, 4, 8, 10, 10]
     mod = importlib.import_module(module)
@@ -214,7 +215,7 @@ def test_a_puller_without_the_backoff_arguments_is_named(monkeypatch: pytest.Mon
     import sys
     import types as pytypes
 
-    from cli.warm import fast_object_pulls
+    from common.flower_runtime import fast_object_pulls
 
     fake = pytypes.ModuleType("fake_flower_module")
     fake.pull_objects = lambda object_ids, pull_object_fn: {}  # type: ignore[attr-defined]
@@ -225,7 +226,8 @@ def test_a_puller_without_the_backoff_arguments_is_named(monkeypatch: pytest.Mon
 
 def test_the_run_bundle_carries_the_app_packages_only() -> None:
     """Every ClientApp task receives and installs the run's FAB: it holds the app's
-    packages (every module the components import), not the docs, benchmarks or tests."""
+    packages (every module the components import), not the launcher (``cli``, which
+    the apps never import), the docs, benchmarks or tests."""
     import io
     import zipfile
 
@@ -237,7 +239,7 @@ def test_the_run_bundle_carries_the_app_packages_only() -> None:
     ]
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {".info", "pyproject.toml", *packages}
+    assert tops == {".info", "pyproject.toml", *packages} - {"cli"}
     packaged = {n for n in names if n.endswith(".py")}
     on_disk = {
         str(p.relative_to(ROOT))
@@ -260,7 +262,8 @@ def test_flower_waits_that_the_pacing_tells_apart() -> None:
     from flwr.supercore.superexec import run_superexec
     from flwr.supernode import start_client_internal
 
-    from cli.warm import FLOWER_IDLE_PULL_S, FLOWER_TASK_POLL_S
+    from cli.supernode import FLOWER_IDLE_PULL_S
+    from cli.warm import FLOWER_TASK_POLL_S
 
     source = inspect.getsource(start_client_internal)
     waits = sorted(set(re.findall(r"time\.sleep\(([0-9.]+)\)", source)), key=float)
@@ -283,7 +286,8 @@ class _Clock:
 def test_supernode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
     import types as pytypes
 
-    from cli.warm import IDLE_GROWTH, PacedSleep
+    from cli.pacing import IDLE_GROWTH
+    from cli.supernode import PacedSleep
 
     clock = _Clock()
     real = pytypes.ModuleType("time")
@@ -345,6 +349,7 @@ def test_superexec_waits_on_a_running_task_instead_of_polling() -> None:
 
 
 def test_superexec_idle_poll_grows_to_flowers_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.pacing as pacing
     import cli.warm as warm
 
     clock = _Clock()
@@ -356,7 +361,7 @@ def test_superexec_idle_poll_grows_to_flowers_interval(monkeypatch: pytest.Monke
     assert clock.slept == []
     clock.now += 10.0
     ex.pace()
-    assert clock.slept == [pytest.approx(warm.IDLE_GROWTH * 10.0)]
+    assert clock.slept == [pytest.approx(pacing.IDLE_GROWTH * 10.0)]
     clock.now += 3600.0
     ex.pace()
     assert clock.slept[-1] == warm.FLOWER_TASK_POLL_S
@@ -626,7 +631,7 @@ class _Node:
     def watch(self):  # type: ignore[no-untyped-def]
         from flwr.supernode.start_client_internal import _push_messages
 
-        from cli.warm import RunWatch
+        from cli.supernode import RunWatch
 
         return RunWatch(self.pull, _push_messages, sleep=self.sleep, clock=self.clock.monotonic)
 
@@ -672,7 +677,7 @@ def test_the_node_drops_a_stopped_runs_task_and_pulls_the_next_message() -> None
     message and its objects leave the node, and the loop goes on."""
     from flwr.common.constant import Status, SubStatus
 
-    from cli.warm import STOP_CHECK_S
+    from cli.supernode import STOP_CHECK_S
 
     node = _Node()
     msg = _instruction(7)
@@ -745,7 +750,7 @@ def test_a_late_reply_of_a_stopped_run_is_not_taken_for_the_next_runs() -> None:
 
 
 def test_run_watch_names_a_flower_loop_function_that_changed() -> None:
-    from cli.warm import RunWatch
+    from cli.supernode import RunWatch
 
     def pull(*, state, receive):  # type: ignore[no-untyped-def]
         return None

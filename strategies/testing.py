@@ -1,8 +1,12 @@
-"""Crafted client replies for strategy tests (no ClientApp involved)."""
+"""Crafted client replies for a strategy, no ClientApp involved (as Flower's own
+strategy tests build them): node descriptions, a strategy that knows them, and
+train replies (arrays + metrics) or error replies from a node.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
@@ -20,8 +24,11 @@ def node(
     d: int = 500,
     classes: int = 10,
     counts: tuple[int, ...] | None = None,
-    **extras,
+    **extras: Any,
 ) -> NodeInfo:
+    """Node ``nid`` (partition ``pid``) as its profile reply describes it: a 28x28
+    single-channel model ``arch`` with feature dimension ``d``, ``num_train``
+    training samples spread evenly over ``classes`` unless ``counts`` says otherwise."""
     return NodeInfo(
         node_id=nid,
         partition_id=pid,
@@ -35,7 +42,8 @@ def node(
     )
 
 
-def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg) -> HeteroStrategy:
+def strategy(cls: type[HeteroStrategy], nodes: list[NodeInfo], **cfg: Any) -> HeteroStrategy:
+    """``cls`` built from the flat run config ``cfg``, knowing ``nodes``."""
     s = cls.from_config(parse_run_config(cfg))
     s.nodes = {n.node_id: n for n in nodes}
     return s
@@ -51,6 +59,7 @@ def sized(s: HeteroStrategy, sizes: dict[int, int]) -> HeteroStrategy:
 def reply(
     nid: int, arrays: Arrays, num_examples: int, kind: str = "train.x", **metrics: float
 ) -> Message:
+    """Node ``nid``'s reply to a ``kind`` message: ``arrays`` and the train metrics."""
     sent = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nid, message_type=kind)
     content = RecordDict(
         {
@@ -69,5 +78,6 @@ def reply(
 
 
 def error_reply(nid: int, reason: str = "boom") -> Message:
+    """Node ``nid``'s error reply to a train message."""
     sent = Message(RecordDict(), dst_node_id=nid, message_type="train.x")
     return Message(Error(code=0, reason=reason), reply_to=sent)

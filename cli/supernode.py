@@ -1,0 +1,238 @@
+"""``fedhet supernode``: Flower's SuperNode, paced, and told when its task's run stops.
+
+* :func:`run_supernode`: Flower's ``flower-supernode`` (same flags) with its reply waits
+  (0.5 s) capped at ``poll`` seconds and its idle pull (3 s) paced by
+  :func:`cli.pacing.idle_interval` (:class:`PacedSleep`), and its object pulls with
+  :data:`common.flower_runtime.PULL_BACKOFF`.
+* ``flwr stop``: Flower's SuperNode waits for its task's reply for ever and pulls
+  nothing meanwhile, so a stopped run's task trained on and held the next run back.
+  Here the SuperNode asks the SuperLink every :data:`STOP_CHECK_S` seconds while it
+  waits whether the run still runs (:class:`RunWatch`); once it does not, the node
+  finishes the run's tasks (stopped) and goes on with the next message. The warm
+  executor (``cli/warm.py``) ends the children of tasks the node has finished.
+
+What it relies on in ``flwr==1.42.0`` is listed in
+:data:`common.flower_runtime.FLOWER_INTERNALS`. Flower is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import time
+import types
+from collections.abc import Callable
+from logging import DEBUG, INFO
+from typing import Any
+
+from cli.pacing import idle_interval
+from common.flower_runtime import fast_object_pulls, flower_internal, log
+
+SUPERNODE_POLL_S = 0.05
+FLOWER_IDLE_PULL_S = 3.0
+"""The SuperNode's idle wait between two pulls in flwr 1.42.0
+(``start_client_internal``); its other waits (0.5 s) are inside a task."""
+FLOWER_REPLY_WAIT_S = 0.5
+"""The SuperNode's wait between two looks for its task's reply in flwr 1.42.0
+(``_push_messages``), capped at the ``poll`` of :func:`run_supernode`."""
+STOP_CHECK_S = 2.0
+"""While its task runs, a SuperNode asks the SuperLink this often whether the task's
+run still runs (one small Fleet request per node; Flower's own node heartbeat is
+every 30 s). A stopped run's task ends on the node within this time."""
+
+
+class PacedSleep(types.ModuleType):
+    """``time`` for Flower's SuperNode loop: a wait inside a task (Flower asks for
+    0.5 s) is capped at ``poll`` seconds and marks the node active; the idle wait
+    between two pulls (Flower's 3 s) is :func:`idle_interval` since then."""
+
+    def __init__(self, real: types.ModuleType, poll: float) -> None:
+        super().__init__("time")
+        self.__dict__.update(vars(real))
+        self._real, self._poll = real, poll
+        self.last_active = real.monotonic()
+        self.sleep = self._sleep  # type: ignore[method-assign] # not the copied time.sleep
+
+    def wait_for(self, seconds: float) -> float:
+        """How long a ``sleep(seconds)`` of Flower's loop sleeps now."""
+        now = self._real.monotonic()
+        if seconds < FLOWER_IDLE_PULL_S:
+            self.last_active = now
+            return min(seconds, self._poll)
+        return min(seconds, idle_interval(self._poll, now - self.last_active, seconds))
+
+    def _sleep(self, seconds: float) -> None:
+        self._real.sleep(self.wait_for(seconds))
+
+
+class _TakenReplies:
+    """A node state whose first look for replies returns the replies already taken
+    from it (Flower's state hands each message out once); all else is the state's."""
+
+    def __init__(self, state: Any, replies: list[Any]) -> None:
+        self._state, self._replies = state, replies
+
+    def get_messages_legacy(self, **kwargs: Any) -> Any:
+        if kwargs.get("is_reply") and self._replies:
+            replies, self._replies = self._replies, []
+            return replies
+        return self._state.get_messages_legacy(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class RunWatch:
+    """Flower's SuperNode loop, told when the run of its task in progress stops.
+
+    Flower's loop pulls a message (``_pull_and_store_message``), then waits for that
+    task's reply for as long as it takes (``_push_messages``) and pulls nothing
+    meanwhile: a run stopped with ``flwr stop`` trained on and held the next run's
+    first round back. :meth:`pull` (in place of ``_pull_and_store_message``) notes
+    the message and the Fleet API's ``get_run``; :meth:`push` (in place of
+    ``_push_messages``) waits for the reply as Flower does and every ``interval``
+    seconds asks the SuperLink for the run. Once the run is not running, the node
+    finishes the run's unfinished tasks (sub-status stopped: the warm executor ends
+    their children), drops the message and its objects and returns, so the loop
+    pulls the next message at once. With the reply there, Flower's own
+    ``_push_messages`` sends it.
+    """
+
+    def __init__(
+        self,
+        pull: Callable[..., int | None],
+        push: Callable[..., None],
+        *,
+        interval: float = STOP_CHECK_S,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pull, self._push = pull, push
+        self._pull_sig, self._push_sig = inspect.signature(pull), inspect.signature(push)
+        for sig, names, name in (
+            (self._pull_sig, ("receive", "get_run"), "_pull_and_store_message"),
+            (self._push_sig, ("state", "object_store"), "_push_messages"),
+        ):
+            if missing := [n for n in names if n not in sig.parameters]:
+                raise RuntimeError(
+                    f"fedhet needs flwr==1.42.0: flwr.supernode.start_client_internal.{name} "
+                    f"no longer takes {missing}"
+                )
+        self.interval, self._sleep, self._clock = interval, sleep, clock
+        self.get_run: Callable[[int], Any] | None = None
+        self.run_id: int | None = None
+        self.message_ids: list[str] = []
+        self.dropped: set[str] = set()
+        """Instruction messages of stopped runs: a late reply to one is discarded."""
+
+    def pull(self, *args: Any, **kwargs: Any) -> int | None:
+        """Flower's ``_pull_and_store_message``; notes the run and message it stored."""
+        bound = self._pull_sig.bind(*args, **kwargs)
+        receive = bound.arguments["receive"]
+        received: list[str] = []
+
+        def receive_and_note() -> Any:
+            got = receive()
+            if got is not None:
+                received.append(got[0].metadata.message_id)
+            return got
+
+        bound.arguments["receive"] = receive_and_note
+        self.get_run = bound.arguments["get_run"]
+        run_id = self._pull(*bound.args, **bound.kwargs)
+        self.run_id = run_id
+        self.message_ids = received if run_id is not None else []
+        return run_id
+
+    def push(self, *args: Any, **kwargs: Any) -> None:
+        """Flower's ``_push_messages``, or a return without a reply once the task's
+        run is no longer running."""
+        bound = self._push_sig.bind(*args, **kwargs)
+        state, store = bound.arguments["state"], bound.arguments["object_store"]
+        next_check = self._clock() + self.interval
+        while not (replies := self._fresh(state, store)):
+            if self._clock() >= next_check:
+                if not self.running():
+                    self._stop(state, store)
+                    return
+                next_check = self._clock() + self.interval
+            self._sleep(FLOWER_REPLY_WAIT_S)
+        bound.arguments["state"] = _TakenReplies(state, replies)
+        self._push(*bound.args, **bound.kwargs)
+
+    def running(self) -> bool:
+        """Whether the run of the message in progress is still running (True when it
+        cannot be told: no run, no answer)."""
+        if self.run_id is None or self.get_run is None:
+            return True
+        not_running = flower_internal("flwr.supercore.run", "RunNotRunningException")
+        finished = flower_internal("flwr.common.constant", "Status").FINISHED
+        try:
+            run = self.get_run(self.run_id)
+        except not_running:
+            return False
+        except Exception as exc:  # noqa: BLE001 - an unanswered question is no stop
+            log(DEBUG, "fedhet: could not ask for run %s: %s", self.run_id, exc)
+            return True
+        return getattr(getattr(run, "status", None), "status", None) != finished
+
+    def _fresh(self, state: Any, store: Any) -> list[Any]:
+        """Replies in ``state``; late replies of stopped runs are deleted instead."""
+        replies = []
+        for reply in state.get_messages_legacy(is_reply=True):
+            if reply.metadata.reply_to_message_id in self.dropped:
+                self.dropped.discard(reply.metadata.reply_to_message_id)
+                state.delete_messages(message_ids=[reply.metadata.message_id])
+                store.delete(reply.metadata.message_id)
+                log(INFO, "fedhet: dropped a late reply of stopped run %s", reply.metadata.run_id)
+            else:
+                replies.append(reply)
+        return replies
+
+    def _stop(self, state: Any, store: Any) -> None:
+        """Finish the stopped run's tasks and drop its message."""
+        status = flower_internal("flwr.common.constant", "Status")
+        stopped = flower_internal("flwr.common.constant", "SubStatus").STOPPED
+        tasks = state.get_tasks(
+            run_ids=[self.run_id], statuses=[status.PENDING, status.STARTING, status.RUNNING]
+        )
+        ended = [
+            t.task_id
+            for t in tasks
+            if state.finish_task(t.task_id, sub_status=stopped, details="the run was stopped")
+        ]
+        state.delete_messages(message_ids=list(self.message_ids))
+        for message_id in self.message_ids:
+            store.delete(message_id)
+        self.dropped.update(self.message_ids)
+        log(
+            INFO,
+            "fedhet: run %s is no longer running: stopped its task(s) %s, dropped message(s) "
+            "%s; pulling the next message",
+            self.run_id,
+            ended,
+            self.message_ids,
+        )
+        self.run_id, self.message_ids = None, []
+
+
+def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
+    """Flower's ``flower-supernode`` with its reply waits (0.5 s) capped at ``poll``
+    seconds, its idle pull (3 s) paced by :func:`idle_interval`, its object pulls
+    with :data:`PULL_BACKOFF`, and the run of its task in progress watched by
+    :class:`RunWatch` (same flags)."""
+    name = "flwr.supernode.start_client_internal"
+    module = importlib.import_module(name)
+    paced = PacedSleep(flower_internal(name, "time"), poll)
+    setattr(module, "time", paced)  # noqa: B010
+    fast_object_pulls(name, "pull_objects")
+    watch = RunWatch(
+        flower_internal(name, "_pull_and_store_message"),
+        flower_internal(name, "_push_messages"),
+        sleep=paced.sleep,
+    )
+    setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
+    setattr(module, "_push_messages", watch.push)  # noqa: B010
+    sys.argv = ["flower-supernode", *argv]
+    flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
