@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from client_app.base import ClientHook, ClientRun, initial_seed
-from common.messages import MEME, MENTEE
+from common.messages import FACTOR_US, FACTOR_VT, MEME, MENTEE
 from models import build_model, smallest_arch
 from models.mutual import compress, energy_at, fedkd_loss, fml_loss
 from models.train import ExtraLoss
@@ -125,6 +125,6 @@ class FedKDHook(MutualHook):
             if factors is None:
                 out[key] = update
             else:
-                out[key + ".us"], out[key + ".vt"] = factors
+                out[key + FACTOR_US], out[key + FACTOR_VT] = factors
         run.metrics["upload-energy"] = energy
         return out

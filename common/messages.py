@@ -23,3 +23,6 @@ MEME = "meme."
 """FML's shared meme model (``meme.<state-dict key>``)."""
 MENTEE = "mentee."
 """FedKD's shared mentee model (``mentee.<state-dict key>``)."""
+FACTOR_US, FACTOR_VT = ".us", ".vt"
+"""Suffixes of a FedKD update sent as truncated-SVD factors: ``<key>.us`` [rows, r]
+(U·S) and ``<key>.vt`` [r, cols]."""

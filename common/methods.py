@@ -152,7 +152,7 @@ BUILTIN: tuple[Method, ...] = (
         "strategies.fedkd:FedKD",
         "client_app.mutual:FedKDHook",
         section=sections.FedKDConfig,
-        keys=(keys.MENTEE,),
+        keys=(keys.MENTEE,),  # a key whole, or its update as <key>.us / <key>.vt
     ),
     Method(
         "fml",

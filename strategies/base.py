@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import replace
 from logging import INFO, WARNING
-from typing import Any, ClassVar, Self, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypedDict
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -35,6 +35,9 @@ from common.records import (
     weighted_mean,
 )
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
+
+if TYPE_CHECKING:  # pragma: no cover - typing only (models import torch)
+    from models import HetNet
 
 __all__ = ["HeteroStrategy", "NodeInfo", "RunSettings", "Upload", "run_settings"]
 
@@ -249,7 +252,7 @@ class HeteroStrategy(Strategy):
             raise RuntimeError("no node answered the profile query")
         return sorted(self.nodes, key=lambda n: self.nodes[n].partition_id)
 
-    def shared_model(self, purpose: str):  # type: ignore[no-untyped-def]
+    def shared_model(self, purpose: str) -> HetNet:
         """The one architecture every node runs, built (seeded) from node metadata.
 
         For algorithms that exchange (parts of) the extractor; a federation with
@@ -260,7 +263,7 @@ class HeteroStrategy(Strategy):
             raise ValueError(f"{purpose} needs one architecture on every node; found {archs}")
         return self.build_for_nodes(archs[0])
 
-    def build_for_nodes(self, arch: str):  # type: ignore[no-untyped-def]
+    def build_for_nodes(self, arch: str) -> HetNet:
         """``arch`` built (seeded by ``seed``) for the nodes' data: input channels,
         image size, classes and ``d`` as they reported them."""
         from models import build_model

@@ -8,13 +8,13 @@ import numpy as np
 import torch
 
 from common.config import RunConfig
+from common.messages import FACTOR_US as US
+from common.messages import FACTOR_VT as VT
 from common.messages import MENTEE
 from common.records import Arrays, invalid_reason, shapes
 from models.mutual import decompress
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fml import float_state, shared_arch
-
-US, VT = ".us", ".vt"
 
 
 def compressed_shapes(key: str, shape: tuple[int, ...], rank: int) -> dict[str, tuple[int, ...]]:

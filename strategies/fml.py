@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Self, Unpack
 
+import torch
+
 from common.config import RunConfig
 from common.messages import MEME
 from common.records import Arrays
@@ -26,7 +28,7 @@ def shared_arch(strategy: HeteroStrategy, configured: str, family: str) -> str:
     )
 
 
-def float_state(model, prefix: str) -> Arrays:  # type: ignore[no-untyped-def]
+def float_state(model: torch.nn.Module, prefix: str) -> Arrays:
     """The model's floating-point state entries, keys prefixed (integer buffers such
     as BatchNorm's batch counters stay on the clients)."""
     return {
