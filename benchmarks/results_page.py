@@ -135,6 +135,11 @@ ADDED = {
     "server-threads": 0,
     # a simulation keeps personal models under its own out-dir: nothing to carry over
     "carry-personal-state": False,
+    # the virtual clock's keys: off in every archived run
+    "round-deadline-s": 0.0,
+    "fleet": "",
+    "model.policy": "profile",
+    "fedara.rank-policy": "profile",
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

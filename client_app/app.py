@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from logging import WARNING
 
 import torch
@@ -12,8 +13,10 @@ from flwr.clientapp.typing import Mod
 from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
+from client_app.clock import timing_metrics
 from common import methods
 from common.records import to_record, to_torch
+from models.workload import host_speed
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> str | None:
@@ -70,9 +73,16 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
     run = open_run(context, _round(msg), hook, _clients_dir(msg), lineage=_lineage(msg))
     run.received = to_torch(msg.content.array_records["arrays"])
+    device = run.node.device  # the virtual clock (fleet, device profiles)
+    # measured once per process, before the timed part: it also warms torch up
+    speed = host_speed(torch.get_num_threads()) if device is not None else 0.0
+    cpu_start = time.process_time()
     hook.install(run, run.received)
     stats = hook.train(run)
     upload = hook.upload(run)
+    cpu_s = time.process_time() - cpu_start
+    if device is not None:
+        run.metrics.update(timing_metrics(cpu_s, device, speed))
     if stats.backoffs:
         log(
             WARNING,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import WARNING
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,10 +26,11 @@ from client_app import profiles
 from client_app import state as personal_state
 from client_app.profiles import Profile
 from common.config import ConfigError, DataConfig, RunConfig, Scalar, parse_run_config
+from common.devices import Device, device_for, fleet_class
 from common.messages import HEAD
 from common.records import to_record, to_torch
 from data import ClientData, load_client_data, load_global_test, load_local_data
-from models import HetNet, arch_for_partition, build_model, natural_dim
+from models import HetNet, arch_for_partition, build_model, family_archs, natural_dim
 from models.train import (
     AfterStep,
     EvalStats,
@@ -67,6 +68,13 @@ class NodeSpec:
 
     options: Mapping[str, Scalar] = field(default_factory=dict)
     """The full node config (profile, rank-ratio, ...)."""
+    device: Device | None = None
+    """This node's device class for the virtual clock (a profile's, node-config
+    ``speed``, or the run's ``fleet``); None: no virtual clock."""
+    virtual: bool = False
+    """A simulated device (``fleet``): it takes its class's architecture and rank
+    ratio and is timed as that device, but trains with the run's batch size,
+    threads and torch device."""
 
     @classmethod
     def from_context(
@@ -88,14 +96,22 @@ class NodeSpec:
         if not 0 <= pid < num:
             raise ValueError(f"node-config partition-id={pid} not in [0, {num})")
         name = node_config.get("profile")
-        profile = profiles.resolve(str(name)) if name else None
+        virtual = not name and bool(cfg.fleet)
+        if virtual:
+            name = fleet_class(cfg.fleet, pid)
+        profile = profiles.resolve(str(name), check_device=not virtual) if name else None
+        device = None
+        if profile is not None:
+            device = device_for(profile.name, node_config)
+        elif "speed" in node_config:
+            device = device_for("custom", node_config)
         arch = str(
             node_config.get("model")
             or base_arch
             or (profile.archs.get(cfg.model.family) if profile else None)
             or arch_for_partition(cfg.model.family, pid)
         )
-        return cls(pid, num, arch, profile, dict(node_config))
+        return cls(pid, num, arch, profile, dict(node_config), device, virtual)
 
     def state_file(self, cfg: RunConfig, run_dir: str = "") -> Path | None:
         """Where this node keeps its personal model: node-config ``state-dir``, else
@@ -171,7 +187,9 @@ class ClientRun:
         t = self.cfg.train
         return SGDSettings(
             epochs=t.local_epochs,
-            batch_size=self.node.profile.batch_size if self.node.profile else t.batch_size,
+            batch_size=self.node.profile.batch_size
+            if self.node.profile and not self.node.virtual
+            else t.batch_size,
             lr=t.lr,
             momentum=t.momentum,
             weight_decay=t.weight_decay,
@@ -201,7 +219,7 @@ def feature_dim(cfg: RunConfig) -> int:
 
 
 def device_of(cfg: RunConfig, node: NodeSpec) -> torch.device:
-    want = node.profile.device if node.profile else cfg.train.device
+    want = node.profile.device if node.profile and not node.virtual else cfg.train.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(want)
@@ -223,10 +241,11 @@ def open_run(
     ``lineage``: the run's tag (see :mod:`client_app.state`)."""
     cfg = run_config(context)
     node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
-    threads = node.profile.threads if node.profile else cfg.train.num_threads
+    threads = node.profile.threads if node.profile and not node.virtual else cfg.train.num_threads
     if threads > 0:
         torch.set_num_threads(threads)
     data = node.load_data(cfg)
+    node = policy_arch(cfg, node, data, hook.base_arch(cfg))
     model = build_model(
         node.arch,
         in_channels=data.in_channels,
@@ -246,6 +265,42 @@ def open_run(
         run.model.load_state_dict(to_torch(context.state.array_records[MODEL_KEY]))
     run.model.to(device_of(cfg, node))
     return run
+
+
+def policy_arch(cfg: RunConfig, node: NodeSpec, data: ClientData, base: str | None) -> NodeSpec:
+    """``model.policy = deadline``: the node's architecture is the largest of the
+    family whose predicted round time on its device meets ``round-deadline-s``
+    (compute from the architectures' FLOPs, the head both ways over its links);
+    otherwise, or with node-config ``model`` or one base architecture, unchanged."""
+    if (
+        cfg.model.policy != "deadline"
+        or node.device is None
+        or cfg.round_deadline_s <= 0
+        or base
+        or node.options.get("model")
+    ):
+        return node
+    from client_app.clock import choose_arch, flops_per_sample
+
+    d = feature_dim(cfg)
+    archs = family_archs(cfg.model.family)
+    flops = {
+        a: flops_per_sample(
+            a, data.in_channels, data.num_classes, data.image_size, d, cfg.model.small_input_stem
+        )
+        for a in archs
+    }
+    head_bytes = 4.0 * (d + 1) * data.num_classes
+    arch = choose_arch(
+        archs,
+        flops,
+        len(data.y_train),
+        cfg.train.local_epochs,
+        node.device,
+        cfg.round_deadline_s,
+        head_bytes,
+    )
+    return replace(node, arch=arch)
 
 
 def resume(run: ClientRun, before: int) -> None:
@@ -390,8 +445,22 @@ def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
             "in-channels": run.data.in_channels,
             "image-size": run.data.image_size,
             "small-stem": int(run.cfg.model.small_input_stem),
+            **device_record(run.node.device),
         }
     )
+
+
+def device_record(device: Device | None) -> dict[str, Scalar]:
+    """The device class a node reports in its profile (nothing without one)."""
+    if device is None:
+        return {}
+    return {
+        "device": device.name,
+        "speed": device.speed,
+        "uplink-mbps": device.uplink_mbps,
+        "downlink-mbps": device.downlink_mbps,
+        "latency-ms": device.latency_ms,
+    }
 
 
 def head_arrays(run: ClientRun) -> dict[str, Tensor]:

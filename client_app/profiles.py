@@ -115,8 +115,16 @@ def pick_auto(cpus: int, memory_gb: float, cuda: bool) -> Profile:
     return fits[-1]
 
 
-def resolve(name: str) -> Profile:
-    """The profile for node-config ``profile`` (``auto`` measures this machine)."""
+CUSTOM = Profile("custom")
+"""``profile="custom"``: no architecture or rank of its own; the device is described
+by node-config ``speed`` (and ``uplink-mbps``, ``downlink-mbps``, ``latency-ms``)."""
+
+
+def resolve(name: str, check_device: bool = True) -> Profile:
+    """The profile for node-config ``profile`` (``auto`` measures this machine);
+    ``check_device=False`` for a simulated device (no CUDA needed to time a Jetson)."""
+    if name == "custom":
+        return CUSTOM
     if name == "auto":
         return pick_auto(cpu_count(), available_memory_gb(), cuda_available())
     try:
@@ -124,9 +132,9 @@ def resolve(name: str) -> Profile:
     except KeyError:
         raise ValueError(
             f"node-config profile={name!r} is unknown; choose one of "
-            f"{', '.join(PROFILES)} or 'auto'"
+            f"{', '.join(PROFILES)}, 'custom' or 'auto'"
         ) from None
-    if profile.needs_cuda and not cuda_available():
+    if check_device and profile.needs_cuda and not cuda_available():
         raise ValueError(
             f"node-config profile={name!r} runs on CUDA, but "
             "torch.cuda.is_available() is False on this node"

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from common import methods
+from common.devices import parse_fleet
 from common.errors import ConfigError
 from common.sections import (
     DataConfig,
@@ -84,6 +85,16 @@ class RunConfig(Section):
     others in proportion); 1 = off."""
     round_timeout: float = Field(3600.0, gt=0)
     """Seconds the server waits for replies in one phase of a round."""
+    round_deadline_s: float = Field(0.0, ge=0)
+    """A training round's deadline in seconds (0 = wait for everyone). In
+    simulation, virtual seconds: a client whose predicted round time (``fleet``,
+    docs/fleet.md) exceeds it is a straggler and its reply is not aggregated; in
+    deployment, the training phase's message timeout."""
+    fleet: str = ""
+    """Simulation only: device classes of the simulated nodes, ``class:count`` by
+    partition id, cycled (``"rpi4:8,rpi5:6,jetson-orin-nano:4,server:2"``); each
+    node takes its class's architecture and rank ratio and is timed as that device
+    by the virtual clock. Empty = off."""
     eval_every: int = Field(1, ge=1)
     """Evaluate every this many rounds (and always after the last)."""
     server_threads: int = Field(0, ge=0)
@@ -116,6 +127,13 @@ class RunConfig(Section):
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+
+    @field_validator("fleet")
+    @classmethod
+    def _known_fleet(cls, text: str) -> str:
+        if text.strip():
+            parse_fleet(text)  # raises ValueError naming the bad part
+        return text
 
     @field_validator("algorithm")
     @classmethod

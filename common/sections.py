@@ -93,6 +93,10 @@ class ModelConfig(Section):
     small_input_stem: bool = True
     """torchvision nets get a 3×3 stride-1 first conv and no max-pool (for 28–32 px
     images)."""
+    policy: Literal["profile", "deadline"] = "profile"
+    """How a node with a device class (``fleet`` or node-config ``profile``) picks its
+    architecture: ``profile``: the class's; ``deadline``: the largest of the family
+    whose predicted round time meets ``round-deadline-s`` (chosen before round 1)."""
     init: Literal["per-client", "shared"] = "per-client"
     """Initial weights: ``per-client`` (seeded by (seed, partition)) or ``shared``
     (every client of an architecture starts from the same weights, seeded by
@@ -238,6 +242,11 @@ class FedARAConfig(Section):
     rank_tiers: str = "1,0.5,0.25,0.125,0.0625"
     """Rank ratios assigned round-robin by partition id (node-config ``rank-ratio`` or
     the node's profile take precedence)."""
+    rank_policy: Literal["profile", "deadline"] = "profile"
+    """``profile``: a node keeps its rank ratio (node-config, its device class's, or
+    its tier); ``deadline``: each round the server serves each node the largest tier
+    of ``rank-tiers`` whose predicted round time meets ``round-deadline-s`` (its
+    compute measured in earlier rounds, scaled by the tier's FLOPs)."""
     layers: str = ""
     """Comma-separated extractor layers to factorise; empty = the two largest
     factorisable layers, first conv excluded."""

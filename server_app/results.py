@@ -28,6 +28,7 @@ from common.config import RunConfig, flatten
 from common.records import content_bytes
 from server_app import checkpoint
 from strategies.base import HeteroStrategy, NodeInfo
+from strategies.clock import round_seconds
 
 
 def versions() -> dict[str, str]:
@@ -72,6 +73,12 @@ def accuracy_prior(nodes: Iterable[NodeInfo]) -> float | None:
         hits += n.test_class_counts[majority]
         total += sum(n.test_class_counts)
     return hits / total if total else None
+
+
+def virtual_total(rounds: list[dict[str, Any]]) -> float | None:
+    """Σ virtual-time-s over the rounds (None when no round was timed)."""
+    times = [r["virtual-time-s"] for r in rounds if r.get("virtual-time-s") is not None]
+    return sum(times) if times else None
 
 
 class Recorded(Strategy):
@@ -187,6 +194,20 @@ class Recorded(Strategy):
     def wall_time(self) -> float:
         return self._elapsed + time.perf_counter() - self._start
 
+    def _virtual(self) -> dict[str, Any]:
+        """The round on the virtual clock (None without device classes)."""
+        timed = self.inner.client_virtual_s
+        return {
+            "virtual-time-s": round_seconds(
+                list(timed.values()), self.inner.round_deadline_s, self._cur["server-time-s"]
+            )
+            if timed
+            else None,
+            "client-virtual-time-s": {str(k): v for k, v in sorted(timed.items())},
+            "deadline-dropped": len(self.inner.deadline_dropped),
+            **self.inner.round_facts(),
+        }
+
     def _row(self, server_round: int, seconds: float) -> dict[str, Any]:
         cur, ev, tr = self._cur, self._cur["eval"] or {}, self._cur["train"] or {}
         return {
@@ -219,6 +240,7 @@ class Recorded(Strategy):
             }
             if cur["eval"]
             else {},
+            **self._virtual(),
         }
 
     def _print(self, row: dict[str, Any]) -> None:
@@ -228,6 +250,10 @@ class Recorded(Strategy):
             extra += f" | without shared {row['accuracy-without-shared']:.4f}"
         if "head-change" in row["server-diagnostics"]:
             extra += f" | head change {row['server-diagnostics']['head-change']:.3f}"
+        if row["virtual-time-s"] is not None:
+            extra += f" | virtual {row['virtual-time-s']:.1f} s"
+            if row["deadline-dropped"]:
+                extra += f", {row['deadline-dropped']} past the deadline"
         log(
             INFO,
             "[fedhet] round %d/%d | accuracy %s | up %s down %s per client | %.1f s%s",
@@ -256,6 +282,7 @@ class Recorded(Strategy):
                 "bytes-up-total": sum(r["bytes-up"] for r in self.rounds),
                 "bytes-down-total": sum(r["bytes-down"] for r in self.rounds),
                 "wall-time-s": self.wall_time(),
+                "virtual-time-total-s": virtual_total(self.rounds),
                 "server-threads": torch.get_num_threads(),
                 "rejected-replies": [
                     {"round": r, "node-id": n, "reason": why} for r, n, why in self.inner.rejected

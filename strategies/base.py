@@ -28,12 +28,14 @@ from common.config import RunConfig
 from common.records import (
     Arrays,
     capped_shares,
+    content_bytes,
     invalid_reason,
     shapes,
     to_numpy,
     to_record,
     weighted_mean,
 )
+from strategies.clock import client_seconds
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (models import torch)
@@ -53,6 +55,7 @@ class RunSettings(TypedDict, total=False):
     min_valid_replies: float
     max_weight_share: float
     round_timeout: float
+    round_deadline_s: float
     eval_every: int
     num_rounds: int
     seed: int
@@ -69,6 +72,7 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         "min_valid_replies": cfg.min_valid_replies,
         "max_weight_share": cfg.max_weight_share,
         "round_timeout": cfg.round_timeout,
+        "round_deadline_s": cfg.round_deadline_s,
         "eval_every": cfg.eval_every,
         "num_rounds": cfg.num_server_rounds,
         "seed": cfg.seed,
@@ -102,6 +106,7 @@ class HeteroStrategy(Strategy):
         min_valid_replies: float = 0,
         max_weight_share: float = 1.0,
         round_timeout: float = 3600.0,
+        round_deadline_s: float = 0.0,
         eval_every: int = 1,
         num_rounds: int = 10,
         seed: int = 0,
@@ -120,6 +125,17 @@ class HeteroStrategy(Strategy):
         """Largest share one reply may have in a weighted mean (1: off)."""
         self.round_timeout = round_timeout
         """Seconds to wait for a round's replies (and the profile query's)."""
+        self.round_deadline_s = round_deadline_s
+        """Virtual seconds a training round may last (0: no deadline): a reply whose
+        predicted round time exceeds it is a straggler, not aggregated."""
+        self.virtual_deadline = True
+        """Apply ``round_deadline_s`` to the virtual clock (simulation, in process);
+        False in deployment, where it is the real message timeout instead."""
+        self.client_virtual_s: dict[int, float] = {}
+        """This round's virtual time per partition id (nodes with a device class)."""
+        self.deadline_dropped: list[int] = []
+        """Partition ids of this round's stragglers."""
+        self._sent_bytes: dict[int, int] = {}
         self.eval_every = eval_every
         """Evaluate every this many rounds (and after the last)."""
         self.num_rounds = num_rounds
@@ -314,6 +330,7 @@ class HeteroStrategy(Strategy):
             cfg["lineage"] = self.lineage
             if self.clients_dir:
                 cfg["clients-dir"] = self.clients_dir
+            cfg.update(self.message_config(node))
             payload = self.payload(server_round, node)
             if id(payload) not in records:
                 records[id(payload)] = (payload, to_record(payload))
@@ -348,17 +365,24 @@ class HeteroStrategy(Strategy):
         )
         log(INFO, "configure_train: %d nodes", len(nodes))
         self.awaiting = {n.node_id for n in nodes}
-        return self._remember(self._messages(server_round, nodes, "train", config))
+        msgs = self._messages(server_round, nodes, "train", config)
+        self._sent_bytes = {m.metadata.dst_node_id: content_bytes(m.content) for m in msgs}
+        return self._remember(msgs)
 
     def valid_uploads(self, server_round: int, replies: Iterable[Message]) -> list[Upload]:
         """Replies usable for aggregation; every other one is logged and recorded."""
         uploads = []
-        self.last_train = {}
+        self.last_train, self.client_virtual_s, self.deadline_dropped = {}, {}, []
         for reply in replies:
             nid = self.sender(reply)
             upload, reason = train_upload(reply, self.nodes.get(nid))
             if upload is not None:
                 reason = self.check_upload(upload.node, upload.arrays)
+            if upload is not None and reason is None:
+                reason = self._clock(server_round, upload, reply)
+                if reason is not None:  # a straggler: expected, not a fault
+                    self.rejected.append((server_round, nid, reason))
+                    continue
             if reason is not None:
                 log(
                     WARNING,
@@ -377,6 +401,42 @@ class HeteroStrategy(Strategy):
             return []
         shares = capped_shares([u.num_examples for u in uploads], self.max_weight_share)
         return [replace(u, weight=w) for u, w in zip(uploads, shares, strict=True)]
+
+    def _clock(self, server_round: int, upload: Upload, reply: Message) -> str | None:
+        """Time the reply on the virtual clock; why it missed the deadline, if it did."""
+        pid = upload.node.partition_id
+        seconds = client_seconds(
+            upload.node,
+            upload.metrics,
+            self._sent_bytes.get(upload.node.node_id, 0),
+            content_bytes(reply.content),
+        )
+        if seconds is None:
+            return None
+        self.client_virtual_s[pid] = seconds
+        if not self.virtual_deadline or self.round_deadline_s <= 0:
+            return None
+        if seconds <= self.round_deadline_s:
+            return None
+        self.deadline_dropped.append(pid)
+        log(
+            INFO,
+            "round %d: partition %d is a straggler (%.1f s > round-deadline-s %g)",
+            server_round,
+            pid,
+            seconds,
+            self.round_deadline_s,
+        )
+        return f"straggler: {seconds:.2f} virtual s > round-deadline-s {self.round_deadline_s:g}"
+
+    def round_facts(self) -> dict[str, Any]:
+        """Per-round entries of a round's row in results.json (default: none)."""
+        return {}
+
+    def message_config(self, node: NodeInfo) -> dict[str, float | int | str]:
+        """Per-node entries of a message's config (default: none; FedARA's
+        deadline policy sends each node its rank ratio)."""
+        return {}
 
     def mean_of(self, uploads: list[Upload]) -> Arrays:
         """The uploads' weighted mean (``Upload.weight``), in the global's dtypes."""

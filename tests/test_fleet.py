@@ -1,0 +1,200 @@
+"""The virtual clock: device classes, fleets, per-client and per-round virtual time,
+deadlines (closed forms, crafted replies, and an in-process fleet run)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from client_app.base import NodeSpec
+from client_app.clock import choose_arch, predicted_compute_s
+from common.config import ConfigError, parse_run_config
+from common.devices import DEVICES, Device, device_for, fleet_class, parse_fleet
+from models.workload import forward_flops, measure_speed, training_flops
+from server_app.inprocess import run_inprocess
+from strategies.clock import client_seconds, round_seconds
+from strategies.lgfedavg import LGFedAvg
+from strategies.testing import node, reply, strategy
+
+DEV = Device("test", speed=10.0, uplink_mbps=8.0, downlink_mbps=16.0, latency_ms=100.0)
+
+
+# --------------------------------------------------------------------------- devices
+def test_round_seconds_of_a_device_is_compute_plus_transfers_plus_latency() -> None:
+    # 2 s of CPU on a host of speed 30 = 6 s on a device of speed 10;
+    # 1 MB down at 16 Mbit/s = 0.5 s; 2 MB up at 8 Mbit/s = 2 s; latency 0.1 s
+    compute = DEV.compute_seconds(2.0, host_speed=30.0)
+    assert compute == pytest.approx(6.0)
+    assert DEV.round_seconds(compute, 1e6, 2e6) == pytest.approx(6.0 + 0.5 + 2.0 + 0.1)
+
+
+def test_fleet_classes_cycle_over_partition_ids_in_order() -> None:
+    assert parse_fleet("rpi4:2, server:1") == [("rpi4", 2), ("server", 1)]
+    assert [fleet_class("rpi4:2,server:1", p) for p in range(7)] == [
+        "rpi4",
+        "rpi4",
+        "server",
+        "rpi4",
+        "rpi4",
+        "server",
+        "rpi4",
+    ]
+    counts = [fleet_class("rpi4:8,rpi5:6,jetson-orin-nano:4,server:2", p) for p in range(100)]
+    assert [counts.count(n) for n in DEVICES] == [40, 30, 20, 10]
+
+
+@pytest.mark.parametrize("bad", ["toaster:3", "rpi4:0", "rpi4:-1", "rpi4:x", " , "])
+def test_a_bad_fleet_is_refused_naming_the_key(bad: str) -> None:
+    with pytest.raises(ConfigError, match="'fleet'"):
+        parse_run_config({"fleet": bad})
+
+
+def test_node_config_overrides_a_device_and_custom_needs_a_speed() -> None:
+    d = device_for("rpi4", {"speed": 7.5, "uplink-mbps": 3, "latency-ms": 0})
+    assert (d.speed, d.uplink_mbps, d.downlink_mbps, d.latency_ms) == (7.5, 3.0, 50, 0.0)
+    assert device_for("custom", {"speed": 2}).speed == 2.0
+    with pytest.raises(ValueError, match="speed"):
+        device_for("custom", {})
+    with pytest.raises(ValueError, match="must be > 0"):
+        device_for("rpi5", {"speed": 0})
+
+
+def test_fleet_nodes_take_their_class_model_but_train_as_the_run_says() -> None:
+    cfg = parse_run_config(
+        {"fleet": "rpi4:1,jetson-orin-nano:1", "model.family": "cnn", "train.batch-size": 32}
+    )
+    rpi4 = NodeSpec.from_context(cfg, {"partition-id": 0, "num-partitions": 2})
+    jetson = NodeSpec.from_context(cfg, {"partition-id": 1, "num-partitions": 2})
+    assert (rpi4.arch, rpi4.device, rpi4.virtual) == ("cnn-5", DEVICES["rpi4"], True)
+    # a simulated Jetson needs no CUDA here, and keeps the run's torch device
+    assert jetson.device == DEVICES["jetson-orin-nano"] and jetson.arch == "cnn-2"
+    without = NodeSpec.from_context(parse_run_config({}), {"partition-id": 0, "num-partitions": 2})
+    assert without.device is None and not without.virtual
+
+
+# --------------------------------------------------------------------------- workload
+def test_flops_are_counted_from_layer_shapes() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 5 * 5, 4))
+    x = torch.zeros(2, 3, 5, 5)
+    conv = 2 * (2 * 8 * 5 * 5) * (3 * 3 * 3)  # 2 per MAC, per output element
+    linear = 2 * (2 * 4) * 200
+    assert forward_flops(net, x) == conv + linear
+    assert training_flops(net, x) == 3 * (conv + linear)
+
+
+def test_measured_speed_is_positive_and_finite() -> None:
+    speed = measure_speed(seconds=0.05)
+    assert np.isfinite(speed) and speed > 0
+
+
+def test_the_deadline_policy_takes_the_largest_model_that_fits() -> None:
+    flops = {"small": 1e6, "mid": 1e7, "big": 1e8}
+    # 100 samples, 1 epoch on speed 10 GFLOP/s: 0.01 s, 0.1 s, 1 s; links add 0.1 s
+    # latency + 2 × 0 bytes
+    args = (100, 1, DEV)
+    assert predicted_compute_s(1e8, *args) == pytest.approx(1.0)
+    assert choose_arch(list(flops), flops, *args, deadline_s=0.5, fixed_bytes=0) == "mid"
+    assert choose_arch(list(flops), flops, *args, deadline_s=2.0, fixed_bytes=0) == "big"
+    assert choose_arch(list(flops), flops, *args, deadline_s=0.001, fixed_bytes=0) == "small"
+
+
+# --------------------------------------------------------------------------- server
+def timed(nid: int, pid: int, device: Device, **kw: object):  # type: ignore[no-untyped-def]
+    extras = {
+        "device": device.name,
+        "speed": device.speed,
+        "uplink-mbps": device.uplink_mbps,
+        "downlink-mbps": device.downlink_mbps,
+        "latency-ms": device.latency_ms,
+    }
+    return node(nid, pid, **extras, **kw)  # type: ignore[arg-type]
+
+
+def head(value: float) -> dict[str, np.ndarray]:
+    return {
+        "head.weight": np.full((10, 500), value, np.float32),
+        "head.bias": np.full((10,), value, np.float32),
+    }
+
+
+def test_a_client_past_the_deadline_is_not_aggregated() -> None:
+    fast = replace(DEV, name="fast", speed=100.0)
+    nodes = [timed(10, 0, fast), timed(11, 1, DEV), timed(12, 2, fast)]
+    s = strategy(LGFedAvg, nodes, **{"round-deadline-s": 3.0})
+    s.global_arrays = s.init_global()
+    head_bytes = (10 * 500 + 10) * 4
+    s._sent_bytes = {10: head_bytes, 11: head_bytes, 12: head_bytes}
+    replies = [
+        reply(10, head(1.0), 100, **{"virtual-compute-s": 1.0}),
+        reply(11, head(5.0), 100, **{"virtual-compute-s": 2.9}),  # + transfers: > 3 s
+        reply(12, head(3.0), 100, **{"virtual-compute-s": 0.5}),
+    ]
+    arrays, _ = s.aggregate_train(1, replies)
+    assert arrays is not None
+    assert s.deadline_dropped == [1]
+    np.testing.assert_allclose(s.global_arrays["head.bias"], 2.0)  # mean of 1 and 3
+    want_slow = 2.9 + head_bytes * 8 / 16e6 + head_bytes * 8 / 8e6 + 0.1
+    assert s.client_virtual_s[1] == pytest.approx(want_slow)
+    assert s.client_virtual_s[0] == pytest.approx(
+        1.0 + fast.transfer_seconds(head_bytes, head_bytes)
+    )
+    assert "straggler" in s.rejected[-1][2]
+    # the round lasts until the deadline (someone missed it), plus the server step
+    assert round_seconds(list(s.client_virtual_s.values()), 3.0, 0.25) == 3.25
+    assert round_seconds([1.0, 2.0], 3.0, 0.25) == 2.25
+    assert round_seconds([1.0, 2.0], 0.0, 0.0) == 2.0
+
+
+def test_without_a_device_or_a_deadline_nothing_is_timed_or_dropped() -> None:
+    plain = node(10, 0)
+    assert client_seconds(plain, {"virtual-compute-s": 5.0}, 100, 100) is None
+    s = strategy(LGFedAvg, [timed(10, 0, DEV), timed(11, 1, DEV)])
+    s.global_arrays = s.init_global()
+    replies = [reply(n, head(1.0), 100, **{"virtual-compute-s": 99.0}) for n in (10, 11)]
+    s.aggregate_train(1, replies)
+    assert s.deadline_dropped == [] and len(s.client_virtual_s) == 2
+    # in deployment the deadline is the real timeout, not a virtual drop
+    s = strategy(LGFedAvg, [timed(10, 0, DEV), timed(11, 1, DEV)], **{"round-deadline-s": 1.0})
+    s.global_arrays, s.virtual_deadline = s.init_global(), False
+    s.aggregate_train(1, replies)
+    assert s.deadline_dropped == []
+
+
+# --------------------------------------------------------------------------- in process
+def test_a_fleet_run_records_virtual_time_and_drops_stragglers(tmp_path: Path) -> None:
+    """rpi4 nodes train cnn-5 about 10× slower (virtually) than server nodes train
+    cnn-1: a deadline between the two drops exactly the rpi4 nodes."""
+    base = {"fleet": "rpi4:1,server:1", "algorithm": "lgfedavg"}
+    res, _ = run_inprocess(tmp_path / "a", num_nodes=4, **base)
+    rows = res["rounds"]
+    for row in rows:
+        times = row["client-virtual-time-s"]
+        assert sorted(times) == ["0", "1", "2", "3"]
+        assert row["virtual-time-s"] == pytest.approx(max(times.values()) + row["server-time-s"])
+        assert row["deadline-dropped"] == 0
+        slow, fast = max(times["0"], times["2"]), max(times["1"], times["3"])
+        assert min(times["0"], times["2"]) > 3 * fast, times
+    assert res["summary"]["virtual-time-total-s"] == pytest.approx(
+        sum(r["virtual-time-s"] for r in rows)
+    )
+    fast = max(max(r["client-virtual-time-s"][p] for p in ("1", "3")) for r in rows)
+    slow = min(min(r["client-virtual-time-s"][p] for p in ("0", "2")) for r in rows)
+    deadline = (fast * slow) ** 0.5  # between the two classes, with margin both ways
+    res, _ = run_inprocess(tmp_path / "b", num_nodes=4, **base, **{"round-deadline-s": deadline})
+    for row in res["rounds"]:
+        assert row["deadline-dropped"] == 2 and row["valid-replies"] == 2
+        assert row["virtual-time-s"] == pytest.approx(deadline + row["server-time-s"])
+    reasons = [r["reason"] for r in res["summary"]["rejected-replies"]]
+    assert len(reasons) == 4 and all("straggler" in r for r in reasons)
+
+
+def test_without_a_fleet_rows_carry_no_virtual_time(tmp_path: Path) -> None:
+    res, _ = run_inprocess(tmp_path, num_nodes=2, algorithm="local", **{"num-server-rounds": 1})
+    row = res["rounds"][0]
+    assert row["virtual-time-s"] is None and row["client-virtual-time-s"] == {}
+    assert res["summary"]["virtual-time-total-s"] is None
