@@ -15,6 +15,7 @@ from flwr.common.logger import log
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.clock import timing_metrics
 from common import methods
+from common.config import Scalar
 from common.records import to_record, to_torch
 from models.workload import host_speed
 
@@ -69,9 +70,22 @@ def _lineage(msg: Message) -> str:
     return str(msg.content["config"].get("lineage", ""))
 
 
+def _served(msg: Message) -> dict[str, Scalar]:
+    """What the server decided for this node this round (FedARA's deadline policy:
+    its ``rank-ratio``); overrides node-config for this message."""
+    config = msg.content["config"]
+    return {k: config[k] for k in SERVED if k in config}  # type: ignore[misc]
+
+
+SERVED = ("rank-ratio",)
+"""Message-config keys that set a node option for one message."""
+
+
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Install the server's arrays, train, upload, keep the personal model."""
-    run = open_run(context, _round(msg), hook, _clients_dir(msg), lineage=_lineage(msg))
+    run = open_run(
+        context, _round(msg), hook, _clients_dir(msg), lineage=_lineage(msg), served=_served(msg)
+    )
     run.received = to_torch(msg.content.array_records["arrays"])
     device = run.node.device  # the virtual clock (fleet, device profiles)
     # measured once per process, before the timed part: it also warms torch up
@@ -126,7 +140,13 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
     run = open_run(
-        context, _round(msg), hook, _clients_dir(msg), training=False, lineage=_lineage(msg)
+        context,
+        _round(msg),
+        hook,
+        _clients_dir(msg),
+        training=False,
+        lineage=_lineage(msg),
+        served=_served(msg),
     )
     run.received = to_torch(msg.content.array_records["arrays"])
     hook.install(run, run.received)

@@ -232,15 +232,18 @@ def open_run(
     run_dir: str = "",
     training: bool = True,
     lineage: str = "",
+    served: Mapping[str, Scalar] | None = None,
 ) -> ClientRun:
     """Config, node, data and the personal model (restored, or fresh and seeded).
 
     ``run_dir``: the simulation's clients folder the server sent (a node-config
     ``state-dir`` wins); ``training``: a training message loads the personal model
     of an earlier round, an evaluation message that of this round at most;
-    ``lineage``: the run's tag (see :mod:`client_app.state`)."""
+    ``lineage``: the run's tag (see :mod:`client_app.state`); ``served``: node
+    options the server set for this message (they win over node-config)."""
     cfg = run_config(context)
-    node = NodeSpec.from_context(cfg, context.node_config, hook.base_arch(cfg))
+    node_config = {**context.node_config, **(served or {})}
+    node = NodeSpec.from_context(cfg, node_config, hook.base_arch(cfg))
     threads = node.profile.threads if node.profile and not node.virtual else cfg.train.num_threads
     if threads > 0:
         torch.set_num_threads(threads)
@@ -260,9 +263,9 @@ def open_run(
     run.lineage = lineage
     hook.prepare(run)
     if run.state_path is not None:
-        resume(run, server_round if training else server_round + 1)
+        resume(run, server_round if training else server_round + 1, hook)
     elif MODEL_KEY in context.state.array_records:
-        run.model.load_state_dict(to_torch(context.state.array_records[MODEL_KEY]))
+        load_personal(run, to_torch(context.state.array_records[MODEL_KEY]), hook)
     run.model.to(device_of(cfg, node))
     return run
 
@@ -303,7 +306,27 @@ def policy_arch(cfg: RunConfig, node: NodeSpec, data: ClientData, base: str | No
     return replace(node, arch=arch)
 
 
-def resume(run: ClientRun, before: int) -> None:
+def load_personal(run: ClientRun, saved: Mapping[str, Tensor], hook: ClientHook) -> None:
+    """Load a saved personal model. Entries the hook replaces on every install (a
+    FedARA extractor, whose rank the server may change between rounds) may differ
+    in shape; they are left as built. Anything else that does not fit raises."""
+    own = run.model.state_dict()
+    changed = {k for k, v in saved.items() if k in own and tuple(own[k].shape) != tuple(v.shape)}
+    missing = set(own) - set(saved)
+    if not changed and not missing:
+        run.model.load_state_dict(saved)
+        return
+    unfit = sorted(
+        k for k in changed | missing | (set(saved) - set(own)) if not hook.replaced_on_install(k)
+    )
+    if unfit:
+        raise RuntimeError(f"saved personal state does not fit this model: {unfit[:3]}")
+    run.model.load_state_dict(
+        {k: v for k, v in saved.items() if k in own and k not in changed}, strict=False
+    )
+
+
+def resume(run: ClientRun, before: int, hook: ClientHook) -> None:
     """Load the personal model this run starts from (:func:`client_app.state.pick`)."""
     path = run.state_path
     saved = (
@@ -315,7 +338,7 @@ def resume(run: ClientRun, before: int) -> None:
         return
     model_state, rounds = saved
     try:
-        run.model.load_state_dict(model_state)
+        load_personal(run, model_state, hook)
     except RuntimeError as exc:
         log(
             WARNING,
@@ -338,6 +361,11 @@ class ClientHook:
 
     def prepare(self, run: ClientRun) -> None:
         """Change the freshly built model's structure before state is loaded."""
+
+    def replaced_on_install(self, key: str) -> bool:
+        """Whether :meth:`install` overwrites this state entry every round (so a
+        saved personal model may hold it in another shape; default: no)."""
+        return False
 
     def profile(self, run: ClientRun) -> dict[str, Scalar]:
         """Extra facts the server needs about this node (e.g. its rank ratio)."""

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from client_app.base import ClientHook, ClientRun
+from client_app.clock import flops_per_sample
 from common.config import RunConfig, Scalar
 from common.messages import EXTRACTOR
 from models import family_archs
@@ -151,9 +152,27 @@ class FedARAHook(ClientHook):
             )
         super().install(run, arrays)
 
+    def replaced_on_install(self, key: str) -> bool:
+        return key.startswith(EXTRACTOR)  # the server's extractor, at the served rank
+
     def profile(self, run: ClientRun) -> dict[str, Scalar]:
+        """The node's tier and, with a device class, the training FLOPs per sample at
+        every rank tier (``flops@<ratio>``, for the server's deadline policy)."""
         ratio, layers = run.notes["tier"]
-        return {"rank-ratio": ratio, "layers": ",".join(layers)}
+        out: dict[str, Scalar] = {"rank-ratio": ratio, "layers": ",".join(layers)}
+        if run.node.device is not None:
+            for tier in sorted({*run.cfg.fedara.tiers(), ratio}):
+                out[f"flops@{tier:g}"] = flops_per_sample(
+                    run.node.arch,
+                    run.data.in_channels,
+                    run.data.num_classes,
+                    run.data.image_size,
+                    run.model.feature_dim,
+                    run.cfg.model.small_input_stem,
+                    tier,
+                    tuple(layers),
+                )
+        return out
 
     def extra_loss(self, run: ClientRun) -> ExtraLoss | None:
         """λ_t·L_FAC against anchors of the received extractor (none in round 1).

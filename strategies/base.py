@@ -135,6 +135,8 @@ class HeteroStrategy(Strategy):
         """This round's virtual time per partition id (nodes with a device class)."""
         self.deadline_dropped: list[int] = []
         """Partition ids of this round's stragglers."""
+        self.client_compute_s: dict[int, float] = {}
+        """Node id -> the compute seconds on its device it last reported."""
         self._sent_bytes: dict[int, int] = {}
         self.eval_every = eval_every
         """Evaluate every this many rounds (and after the last)."""
@@ -365,6 +367,7 @@ class HeteroStrategy(Strategy):
         )
         log(INFO, "configure_train: %d nodes", len(nodes))
         self.awaiting = {n.node_id for n in nodes}
+        self.plan_round(server_round, nodes)
         msgs = self._messages(server_round, nodes, "train", config)
         self._sent_bytes = {m.metadata.dst_node_id: content_bytes(m.content) for m in msgs}
         return self._remember(msgs)
@@ -414,6 +417,7 @@ class HeteroStrategy(Strategy):
         if seconds is None:
             return None
         self.client_virtual_s[pid] = seconds
+        self.client_compute_s[upload.node.node_id] = upload.metrics["virtual-compute-s"]
         if not self.virtual_deadline or self.round_deadline_s <= 0:
             return None
         if seconds <= self.round_deadline_s:
@@ -428,6 +432,10 @@ class HeteroStrategy(Strategy):
             self.round_deadline_s,
         )
         return f"straggler: {seconds:.2f} virtual s > round-deadline-s {self.round_deadline_s:g}"
+
+    def plan_round(self, server_round: int, nodes: list[NodeInfo]) -> None:
+        """Called with the nodes sampled for training, before their messages are
+        built (default: nothing; FedARA's deadline policy picks their tiers)."""
 
     def round_facts(self) -> dict[str, Any]:
         """Per-round entries of a round's row in results.json (default: none)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Literal, Self, Unpack
 
 import numpy as np
@@ -19,6 +20,7 @@ from models.lowrank import (
     core_svd,
     factorisable_layers,
     layer_rank,
+    param_count,
     top_svd,
     tracked_basis,
 )
@@ -29,6 +31,7 @@ from models.lowrank_state import (
     weighted_reconstruction,
 )
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
+from strategies.clock import node_device
 from strategies.timing import Phases
 
 
@@ -73,9 +76,22 @@ class FedARA(HeteroStrategy):
         served_scale: Literal["none", "energy"] = "energy",
         truncation: Literal["svd", "tracked"] = "tracked",
         server_lr: float = 3.0,
+        rank_policy: Literal["profile", "deadline"] = "profile",
+        rank_tiers: Sequence[float] = (1, 0.5, 0.25, 0.125, 0.0625),
+        local_epochs: int = 1,
         **kwargs: Unpack[RunSettings],
     ) -> None:
         super().__init__(**kwargs)
+        self.rank_policy = rank_policy
+        """``profile``: each node's reported tier; ``deadline``: per round, the largest
+        of ``rank_tiers`` whose predicted round time meets ``round_deadline_s``."""
+        self.rank_tiers = sorted(set(rank_tiers), reverse=True)
+        self.local_epochs = local_epochs
+        """The clients' epochs per round (for the deadline policy's prediction)."""
+        self._policy: dict[int, float] = {}
+        """Node id -> the rank ratio the deadline policy chose for it (last round)."""
+        self._calibration: dict[int, float] = {}
+        """Node id -> measured / predicted compute time of its last timed round."""
         self.aggregation = aggregation
         """How replies become the new global extractor (``fedara.aggregation``)."""
         self.served_scale = served_scale
@@ -117,6 +133,9 @@ class FedARA(HeteroStrategy):
             served_scale=f.served_scale,
             truncation=f.truncation,
             server_lr=f.server_lr,
+            rank_policy=f.rank_policy,
+            rank_tiers=f.tiers(),
+            local_epochs=cfg.train.local_epochs,
             **run_settings(cfg),
         )
 
@@ -138,7 +157,80 @@ class FedARA(HeteroStrategy):
 
     def tier(self, node: NodeInfo) -> Tier:
         layers = tuple(sorted(str(node.extras.get("layers", "")).split(",")))
-        return float(node.extras["rank-ratio"]), tuple(name for name in layers if name)
+        ratio = self._policy.get(node.node_id, float(node.extras["rank-ratio"]))
+        return ratio, tuple(name for name in layers if name)
+
+    # ------------------------------------------------------------------ deadline policy
+    def plan_round(self, server_round: int, nodes: list[NodeInfo]) -> None:
+        """``rank_policy = deadline``: each sampled node's tier for this round, from
+        its device and what its earlier rounds measured."""
+        if self.rank_policy != "deadline" or self.round_deadline_s <= 0:
+            return
+        self._calibrate()
+        for node in nodes:
+            self._policy[node.node_id] = self.deadline_ratio(node)
+
+    def deadline_ratio(self, node: NodeInfo) -> float:
+        """The largest tier whose predicted round time on the node's device meets the
+        deadline (the smallest when none does): compute = its FLOPs per sample at the
+        tier × its samples × epochs / device speed, scaled by what the node's last
+        timed round measured against its prediction; transfers = the tier's extractor
+        both ways over its links."""
+        device = node_device(node)
+        if device is None:
+            return self.tier(node)[0]
+        calibration = self._calibration.get(node.node_id, 1.0)
+        for ratio in self.rank_tiers:
+            flops = node.extras.get(f"flops@{ratio:g}")
+            if flops is None:
+                continue
+            compute = calibration * float(flops) * node.num_train * self.local_epochs
+            nbytes = self.tier_bytes(ratio, self.tier(node)[1])
+            seconds = compute / (device.speed * 1e9) + device.transfer_seconds(nbytes, nbytes)
+            if seconds <= self.round_deadline_s:
+                return ratio
+        return self.rank_tiers[-1]
+
+    def tier_bytes(self, ratio: float, layers: tuple[str, ...]) -> float:
+        """Bytes of the extractor a tier is served (float32): the factorised layers as
+        ``r (rows + cols)``, everything else whole."""
+        total = sum(v.size for v in self.global_arrays.values())
+        if ratio < 1:
+            for name in layers:
+                shape = self.layer_shapes[name]
+                rows, cols = _matrix_dims(shape)
+                total += param_count(shape, layer_rank(shape, ratio)) - rows * cols
+        return 4.0 * total
+
+    def message_config(self, node: NodeInfo) -> dict[str, float | int | str]:
+        """Under the deadline policy each message names the node's tier."""
+        if node.node_id in self._policy:
+            return {"rank-ratio": self._policy[node.node_id]}
+        return {}
+
+    def round_facts(self) -> dict[str, Any]:
+        """``client-rank-ratio``: partition id -> the tier each trained node was served."""
+        return {
+            "client-rank-ratio": {
+                str(self.nodes[n].partition_id): self.tier(self.nodes[n])[0]
+                for n in sorted(self.awaiting, key=lambda n: self.nodes[n].partition_id)
+                if n in self.nodes
+            }
+        }
+
+    def _calibrate(self) -> None:
+        """Measured over predicted compute per timed node (stragglers included)."""
+        for node_id, measured in self.client_compute_s.items():
+            node = self.nodes.get(node_id)
+            device = node_device(node) if node is not None else None
+            if node is None or device is None:
+                continue
+            flops = node.extras.get(f"flops@{self.tier(node)[0]:g}")
+            if flops is None:
+                continue
+            predicted = float(flops) * node.num_train * self.local_epochs / (device.speed * 1e9)
+            if predicted > 0:
+                self._calibration[node_id] = measured / predicted
 
     def init_global(self) -> Arrays:
         model = self.shared_model("fedara (one base architecture, see fedara.base-arch)")

@@ -198,3 +198,91 @@ def test_without_a_fleet_rows_carry_no_virtual_time(tmp_path: Path) -> None:
     row = res["rounds"][0]
     assert row["virtual-time-s"] is None and row["client-virtual-time-s"] == {}
     assert res["summary"]["virtual-time-total-s"] is None
+
+
+# --------------------------------------------------------------------------- FedARA tiers
+LINK = replace(DEV, uplink_mbps=80.0, downlink_mbps=160.0)
+
+
+def fedara_deadline(deadline: float, **extras: float):  # type: ignore[no-untyped-def]
+    from strategies.fedara import FedARA
+
+    flops = {"flops@1": 4e7, "flops@0.5": 2e7, "flops@0.25": 1e7, "flops@0.125": 5e6}
+    nodes = [
+        timed(100, 0, LINK, num_train=100, **{"rank-ratio": 1.0, "layers": "fc1,fc2"}, **flops),
+        timed(
+            101,
+            1,
+            replace(LINK, speed=1000.0, uplink_mbps=1e4, downlink_mbps=1e4, latency_ms=0),
+            num_train=100,
+            **{"rank-ratio": 0.125, "layers": "fc1,fc2"},
+            **flops,
+        ),
+    ]
+    s = strategy(
+        FedARA,
+        nodes,
+        **{
+            "round-deadline-s": deadline,
+            "fedara.rank-policy": "deadline",
+            "fedara.rank-tiers": "1,0.5,0.25,0.125",
+        },
+    )
+    s.global_arrays = s.init_global()
+    return s, nodes
+
+
+def test_fedara_deadline_policy_serves_the_largest_tier_that_fits() -> None:
+    s, (slow, fast) = fedara_deadline(1.0)
+    # slow: compute = flops × 100 samples / 10 GFLOP/s; transfers of each tier's
+    # extractor at 160 down / 80 up Mbit/s, + 0.1 s latency
+    want = {}
+    for r in (1.0, 0.5, 0.25, 0.125):
+        nbytes = s.tier_bytes(r, ("fc1", "fc2"))
+        flops = float(slow.extras[f"flops@{r:g}"])
+        want[r] = flops * 100 / 1e10 + LINK.transfer_seconds(nbytes, nbytes)
+    fitting = [r for r in (1.0, 0.5, 0.25, 0.125) if want[r] <= 1.0]
+    assert fitting, want  # the test's numbers must leave a choice to make
+    assert s.deadline_ratio(slow) == max(fitting)
+    assert max(fitting) < 1.0 and s.deadline_ratio(fast) == 1.0  # the fast one gets it all
+    s.plan_round(1, [slow, fast])
+    assert s.tier(slow)[0] == max(fitting) and s.message_config(slow) == {
+        "rank-ratio": max(fitting)
+    }
+    assert s.round_facts() == {"client-rank-ratio": {}}  # nobody trained yet
+    # a tier's bytes: the factorised layers r (rows + cols), the rest whole
+    full = sum(v.size for v in s.global_arrays.values()) * 4
+    assert s.tier_bytes(1.0, ("fc1", "fc2")) == full
+    assert s.tier_bytes(0.5, ("fc1", "fc2")) == pytest.approx(
+        sum(v.nbytes for v in s.served((0.5, ("fc1", "fc2"))).values())
+    )
+
+
+def test_fedara_deadline_policy_follows_what_a_node_measured() -> None:
+    s, (slow, fast) = fedara_deadline(1.0)
+    s.plan_round(1, [slow, fast])
+    first = s.tier(slow)[0]
+    # the node reports it needed 10× the predicted compute: next round, a smaller tier
+    predicted = float(slow.extras[f"flops@{first:g}"]) * 100 / 1e10
+    s.client_compute_s = {slow.node_id: 10 * predicted}
+    s.plan_round(2, [slow, fast])
+    assert s.tier(slow)[0] < first
+
+
+def test_a_node_follows_the_served_rank_and_keeps_its_head(tmp_path: Path) -> None:
+    from client_app.base import open_run
+    from common import methods
+    from server_app.inprocess import client_context
+
+    hook = methods.get("fedara").client_hook()
+    ctx = client_context(tmp_path, "fedara", pid=0, num=5)
+    run = open_run(ctx, 1, hook, served={"rank-ratio": 0.5})
+    assert run.notes["tier"][0] == 0.5
+    for v in run.model.head.parameters():
+        v.data.add_(1.0)
+    head = {k: v.clone() for k, v in run.model.state_dict().items() if k.startswith("head.")}
+    run.save()
+    again = open_run(ctx, 2, hook, served={"rank-ratio": 0.25})  # another rank next round
+    assert again.notes["tier"][0] == 0.25
+    for k, v in head.items():
+        assert torch.equal(again.model.state_dict()[k], v), k  # the personal head stays
