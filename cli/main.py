@@ -193,6 +193,50 @@ def report(
     typer.echo(markdown_table(runs))
     plot_accuracy(runs, plot, title=title)
     typer.echo(f"\nplot: {plot}")
+    if any(r.timed for r in runs):  # a fleet: accuracy against virtual time as well
+        timed = plot.with_name(f"{plot.stem}-virtual{plot.suffix}")
+        plot_accuracy([r for r in runs if r.timed], timed, title=title, virtual=True)
+        typer.echo(f"plot against virtual time: {timed}")
+
+
+@app.command()
+def profile(
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Time the reference workload here and print the node-config speed.",
+        ),
+    ] = False,
+    threads: Annotated[
+        int, typer.Option(help="Torch threads for the measurement (as the node trains).")
+    ] = 1,
+    seconds: Annotated[float, typer.Option(help="CPU seconds per measurement.")] = 2.0,
+    repeats: Annotated[int, typer.Option(help="Measurements; the median is printed.")] = 3,
+) -> None:
+    """The device classes of the virtual clock; --measure: this machine's speed."""
+    from common.devices import DEVICES
+
+    typer.echo("| class | speed (GFLOP/s) | uplink (Mbit/s) | downlink (Mbit/s) | latency (ms) |")
+    typer.echo("|---|---|---|---|---|")
+    for d in DEVICES.values():
+        typer.echo(
+            f"| {d.name} | {d.speed:g} | {d.uplink_mbps:g} | {d.downlink_mbps:g} | "
+            f"{d.latency_ms:g} |"
+        )
+    if not measure:
+        return
+    import statistics
+
+    from models.workload import measure_speed
+
+    speeds = [measure_speed(seconds=seconds, threads=threads) for _ in range(repeats)]
+    speed = statistics.median(speeds)
+    typer.echo(
+        f"\nthis machine, {threads} thread(s): {speed:.2f} GFLOP/s on the reference "
+        f"workload (runs: {', '.join(f'{s:.2f}' for s in speeds)})"
+    )
+    typer.echo(f"node-config for this device: speed={speed:.2f}")
 
 
 @app.command()

@@ -45,6 +45,23 @@ class Run:
         pts = [(r["round"], r["accuracy"]) for r in self.rounds if r.get("accuracy") is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
 
+    def virtual_curve(self) -> tuple[list[float], list[float]]:
+        """(cumulative virtual seconds, accuracy) at every evaluated round; empty when
+        the run has no virtual clock (no ``fleet`` or device classes)."""
+        clock, xs, ys = 0.0, [], []
+        for r in self.rounds:
+            if r.get("virtual-time-s") is None:
+                return [], []
+            clock += r["virtual-time-s"]
+            if r.get("accuracy") is not None:
+                xs.append(clock)
+                ys.append(r["accuracy"])
+        return xs, ys
+
+    @property
+    def timed(self) -> bool:
+        return self.summary.get("virtual-time-total-s") is not None
+
     def per_client_round(self, key: str) -> float:
         vals = [r[key] for r in self.rounds]
         return statistics.fmean(vals) if vals else 0.0
@@ -83,10 +100,12 @@ def distinguishing_label(group: list[Run], groups: list[list[Run]]) -> str:
 def markdown_table(runs: Sequence[Run]) -> str:
     """Algorithm, last/best accuracy, bytes per client per round, wall time."""
     groups = group_runs(runs)
+    timed = any(r.timed for r in runs)
     lines = [
         "| algorithm | seeds | accuracy (last) | accuracy (best) | "
-        "up / client / round | down / client / round | wall time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "up / client / round | down / client / round | wall time (s) |"
+        + (" virtual time (s) |" if timed else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if timed else ""),
     ]
     for group in groups:
         last = [
@@ -98,10 +117,12 @@ def markdown_table(runs: Sequence[Run]) -> str:
         up = statistics.fmean(r.per_client_round("bytes-up-per-client") for r in group)
         down = statistics.fmean(r.per_client_round("bytes-down-per-client") for r in group)
         wall = [r.summary["wall-time-s"] for r in group]
+        virtual = [r.summary["virtual-time-total-s"] for r in group if r.timed]
         lines.append(
             f"| {distinguishing_label(group, groups)} | {len(group)} | "
             f"{_pm(last) if last else '-'} | {_pm(best) if best else '-'} | "
             f"{_fmt_bytes(up)} | {_fmt_bytes(down)} | {_pm(wall, '{:.0f}')} |"
+            + (f" {_pm(virtual, '{:.1f}') if virtual else '-'} |" if timed else "")
         )
     return "\n".join(lines)
 
@@ -114,8 +135,10 @@ def _fmt_bytes(n: float) -> str:
     return f"{n / 1024**2:.2f} MB"
 
 
-def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
-    """One accuracy-vs-round plot; seed groups drawn as mean with a min–max band."""
+def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "", virtual: bool = False) -> Path:
+    """One accuracy-vs-round plot (``virtual``: against cumulative virtual seconds,
+    runs without a virtual clock left out); seed groups drawn as mean with a
+    min–max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,8 +147,8 @@ def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
     groups = group_runs(runs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for group in groups:
-        curves = [r.curve() for r in group]
-        xs = curves[0][0]
+        curves = [r.virtual_curve() if virtual else r.curve() for r in group]
+        xs: list[float] = [statistics.fmean(x) for x in zip(*(c[0] for c in curves), strict=False)]
         n = min(len(c[1]) for c in curves)
         if n == 0:
             continue
@@ -149,7 +172,7 @@ def plot_accuracy(runs: Sequence[Run], path: Path, title: str = "") -> Path:
             linewidth=1,
             label="accuracy-prior (each client predicts its majority class)",
         )
-    ax.set_xlabel("round")
+    ax.set_xlabel("virtual time (s)" if virtual else "round")
     ax.set_ylabel("personalized accuracy (Σcorrect/Σsamples)")
     if title:
         ax.set_title(title)

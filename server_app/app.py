@@ -57,8 +57,14 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
     if cfg.server_threads:
         torch.set_num_threads(cfg.server_threads)
     strategy = make_strategy(cfg)
+    timeout = cfg.round_timeout
     if simulation:
         strategy.clients_dir = str(out_dir / "clients")
+    elif cfg.round_deadline_s > 0:
+        # real devices: the deadline is the training phase's message timeout, and a
+        # reply that made it is aggregated whatever the virtual clock predicts
+        strategy.virtual_deadline = False
+        timeout = min(timeout, cfg.round_deadline_s)
     try:
         initial = strategy.initial_arrays(grid)
     except ValueError as exc:  # e.g. fedavg on a heterogeneous family
@@ -81,11 +87,14 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
         grid=grid,
         initial_arrays=initial,
         num_rounds=max(0, cfg.num_server_rounds - recorder.offset),
-        timeout=cfg.round_timeout,
+        timeout=timeout,
         evaluate_fn=recorder.end_round,
     )
     path = recorder.write()
-    plot_accuracy([Run.load(path)], out_dir / "accuracy.png", title=cfg.algorithm)
+    run = Run.load(path)
+    plot_accuracy([run], out_dir / "accuracy.png", title=cfg.algorithm)
+    if run.timed:
+        plot_accuracy([run], out_dir / "accuracy-virtual.png", title=cfg.algorithm, virtual=True)
     summary = recorder.results()["summary"]
     log(
         INFO,

@@ -286,3 +286,39 @@ def test_a_node_follows_the_served_rank_and_keeps_its_head(tmp_path: Path) -> No
     assert again.notes["tier"][0] == 0.25
     for k, v in head.items():
         assert torch.equal(again.model.state_dict()[k], v), k  # the personal head stays
+
+
+# --------------------------------------------------------------------------- report, cli
+def test_report_and_plots_show_virtual_time(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from common.report import Run
+
+    res, _ = run_inprocess(tmp_path, num_nodes=2, algorithm="lgfedavg", fleet="rpi4:1,server:1")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    run = Run.load(path)
+    xs, ys = run.virtual_curve()
+    clock = [r["virtual-time-s"] for r in res["rounds"]]
+    assert xs == pytest.approx([clock[0], clock[0] + clock[1]])
+    assert ys == [r["accuracy"] for r in res["rounds"]]
+    out = CliRunner().invoke(app, ["report", str(path), "--plot", str(tmp_path / "a.png")])
+    assert out.exit_code == 0, out.output
+    assert "virtual time (s)" in out.output
+    assert f"{res['summary']['virtual-time-total-s']:.1f}" in out.output
+    assert (tmp_path / "a-virtual.png").stat().st_size > 0
+
+
+def test_profile_measure_prints_a_node_config_speed() -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = CliRunner().invoke(app, ["profile", "--measure", "--seconds", "0.05", "--repeats", "1"])
+    assert out.exit_code == 0, out.output
+    assert "| rpi4 | 3.12 | 10 | 50 | 50 |" in out.output
+    speed = float(out.output.rsplit("speed=", 1)[1])
+    assert speed > 0
