@@ -92,8 +92,25 @@ def archived(name: str, seed: int) -> Path:
     return ARCHIVE / name / f"seed{seed}.json.gz"
 
 
+def host_speed_for_runs() -> float:
+    """One speed of this machine for every run (``FEDHET_HOST_SPEED`` in their
+    environment), so that rows and seeds are scaled by the same number: the median of
+    three 2-second measurements, kept in ``benchmarks/out/fleet/host-speed.json``."""
+    from models.workload import measure_speed
+
+    path = OUT / "host-speed.json"
+    if path.exists():
+        return float(json.loads(path.read_text())["speed"])
+    runs = [measure_speed(seconds=2.0, threads=1) for _ in range(3)]
+    speed = statistics.median(runs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"speed": speed, "runs": runs}))
+    return speed
+
+
 def run(names: list[str], seeds: list[int]) -> int:
     failures = 0
+    env = {"FEDHET_HOST_SPEED": f"{host_speed_for_runs():.4f}"}
     for seed in seeds:
         for name in names:
             out = run_dir(name, seed)
@@ -107,6 +124,7 @@ def run(names: list[str], seeds: list[int]) -> int:
                 num_supernodes=DEVICES,
                 flwr_home=OUT / ".flwr",
                 timeout=4 * 3600,
+                extra_env=env,
             )
             if not outcome.ok:
                 failures += 1
@@ -183,8 +201,22 @@ def summarise() -> dict[str, Any]:
         "deadline-s": DEADLINE,
         "local-final-accuracy": target,
         "budget-s": budget,
+        "host-speed": _host_speed(docs),
         "rows": rows,
     }
+
+
+def _host_speed(docs: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """The host speeds the runs' clients reported (one value when all agree)."""
+    speeds = {
+        round(m["host-speed"], 4)
+        for ds in docs.values()
+        for d in ds
+        for r in d["rounds"]
+        for m in r.get("client-train", {}).values()
+        if "host-speed" in m
+    }
+    return sorted(speeds)
 
 
 def _mean(values: list[float | None], fmt: str) -> str:

@@ -10,8 +10,13 @@ runs the same workload on a device and prints its speed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -101,7 +106,36 @@ def measure_speed(seconds: float = 1.0, threads: int = 1) -> float:
     return flops * steps / spent / 1e9
 
 
+CACHE_HOURS = 24.0
+"""How long a machine's measured speed is reused (by every process on it)."""
+
+
 @functools.cache
 def host_speed(threads: int = 1) -> float:
-    """:func:`measure_speed` of this process, measured once (about a second)."""
-    return measure_speed(threads=threads)
+    """This machine's speed with ``threads`` torch threads: ``FEDHET_HOST_SPEED`` if
+    set, else the value another process measured in the last :data:`CACHE_HOURS`
+    (``~/.cache/fedhet/host-speed.json``; every process of a run then uses the same
+    number), else :func:`measure_speed` (about a second), stored there."""
+    if os.environ.get("FEDHET_HOST_SPEED"):
+        return float(os.environ["FEDHET_HOST_SPEED"])
+    path = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "fedhet"
+    path = path / "host-speed.json"
+    key = f"{platform.node()}|{torch.__version__}|{threads}"
+    try:
+        saved = json.loads(path.read_text()).get(key)
+        if saved and time.time() - saved["at"] < CACHE_HOURS * 3600:
+            return float(saved["speed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    speed = measure_speed(threads=threads)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[key] = {"speed": speed, "at": time.time()}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, path)
+    return speed

@@ -322,3 +322,28 @@ def test_profile_measure_prints_a_node_config_speed() -> None:
     assert "| rpi4 | 3.12 | 10 | 50 | 50 |" in out.output
     speed = float(out.output.rsplit("speed=", 1)[1])
     assert speed > 0
+
+
+def test_host_speed_is_measured_once_per_machine_and_can_be_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from models import workload
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("FEDHET_HOST_SPEED", raising=False)
+    calls: list[int] = []
+
+    def fake(seconds: float = 1.0, threads: int = 1) -> float:
+        calls.append(threads)
+        return 12.5
+
+    monkeypatch.setattr(workload, "measure_speed", fake)
+    workload.host_speed.cache_clear()
+    assert workload.host_speed(1) == 12.5
+    workload.host_speed.cache_clear()  # a new process: reads the machine's cache
+    assert workload.host_speed(1) == 12.5 and calls == [1]
+    assert (tmp_path / "fedhet" / "host-speed.json").exists()
+    monkeypatch.setenv("FEDHET_HOST_SPEED", "3.5")
+    workload.host_speed.cache_clear()
+    assert workload.host_speed(1) == 3.5
+    workload.host_speed.cache_clear()
