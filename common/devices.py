@@ -16,7 +16,7 @@ and ``latency-ms`` override any of them for a real device.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 WORKLOAD_PER_HPL = 0.39
 """Reference-workload GFLOP/s per HPL (dgemm) GFLOP/s, measured on one core of the
@@ -118,7 +118,13 @@ def device_for(name: str, node_config: Mapping[str, object] | None = None) -> De
             if not least_ok:
                 raise ValueError(f"node-config {key}={options[key]!r} must be > 0")
             changes[attr] = value
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return Device(
+        name=base.name,
+        speed=changes.get("speed", base.speed),
+        uplink_mbps=changes.get("uplink_mbps", base.uplink_mbps),
+        downlink_mbps=changes.get("downlink_mbps", base.downlink_mbps),
+        latency_ms=changes.get("latency_ms", base.latency_ms),
+    )
 
 
 def parse_fleet(text: str) -> list[tuple[str, int]]:
