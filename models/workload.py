@@ -114,11 +114,12 @@ CACHE_HOURS = 24.0
 def host_speed(threads: int = 1) -> float:
     """This machine's speed with ``threads`` torch threads: ``FEDHET_HOST_SPEED`` if
     set, else the value another process measured in the last :data:`CACHE_HOURS`
-    (``~/.cache/fedhet/host-speed.json``; every process of a run then uses the same
-    number), else :func:`measure_speed` (about a second), stored there."""
+    (``host-speed.json`` in ``FEDHET_CACHE_DIR``, default ``~/.cache/fedhet``; every
+    process of a run then uses the same number), else :func:`measure_speed` (about a
+    second), stored there."""
     if os.environ.get("FEDHET_HOST_SPEED"):
         return float(os.environ["FEDHET_HOST_SPEED"])
-    path = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "fedhet"
+    path = Path(os.environ.get("FEDHET_CACHE_DIR", "~/.cache/fedhet")).expanduser()
     path = path / "host-speed.json"
     key = f"{platform.node()}|{torch.__version__}|{threads}"
     try:

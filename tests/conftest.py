@@ -8,6 +8,11 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+if "FEDHET_CACHE_DIR" not in os.environ:
+    # the virtual clock's host speed: measured once per test session, not in $HOME
+    import tempfile
+
+    os.environ["FEDHET_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedhet-cache-")
 
 
 @pytest.fixture(autouse=True, scope="session")

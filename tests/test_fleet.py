@@ -329,7 +329,7 @@ def test_host_speed_is_measured_once_per_machine_and_can_be_set(
 ) -> None:
     from models import workload
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("FEDHET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("FEDHET_HOST_SPEED", raising=False)
     calls: list[int] = []
 
@@ -342,7 +342,7 @@ def test_host_speed_is_measured_once_per_machine_and_can_be_set(
     assert workload.host_speed(1) == 12.5
     workload.host_speed.cache_clear()  # a new process: reads the machine's cache
     assert workload.host_speed(1) == 12.5 and calls == [1]
-    assert (tmp_path / "fedhet" / "host-speed.json").exists()
+    assert (tmp_path / "host-speed.json").exists()
     monkeypatch.setenv("FEDHET_HOST_SPEED", "3.5")
     workload.host_speed.cache_clear()
     assert workload.host_speed(1) == 3.5
