@@ -196,7 +196,7 @@ def test_strategy_constructors_mirror_their_config_sections() -> None:
                 if key in fields:
                     default = p.default
                     if isinstance(default, tuple):  # a list setting: comma-separated in config
-                        default = ",".join(default)
+                        default = ",".join(map(str, default))
                     assert default == fields[key].default, (name, key)
         family = "fedavgcnn" if name == "fedavg" else "cnn"
         cfg = parse_run_config(
