@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shutil
 import statistics
 import time
@@ -299,8 +300,33 @@ def main() -> int:
         (DOCS / "fleet.json").write_text(json.dumps(summary, indent=1))
         (DOCS / "fleet.md").write_text(table(summary))
         plot(summary, DOCS / "fleet.png")
+        write_block(summary)
         print(table(summary))
     return status
+
+
+PAGE = ROOT / "docs" / "fleet.md"
+BLOCK = re.compile(r"(<!-- fleet-results -->\n).*?(<!-- /fleet-results -->)", re.S)
+
+
+def block(summary: dict[str, Any]) -> str:
+    """What docs/fleet.md shows between its fleet-results markers."""
+    return (
+        table(summary)
+        + "\nVirtual seconds to reach local's final accuracy (mean over local's seeds), "
+        f"accuracy at {summary['budget-s']:.0f} virtual seconds (the shortest row's whole "
+        "run), final accuracy, the 30 rounds' virtual time, array bytes per round (both "
+        "ways, all clients), replies past the deadline; mean ± std over the seeds. Host "
+        f"speed of every run: {', '.join(f'{s:g}' for s in summary['host-speed'])} "
+        "GFLOP/s.\n\n![accuracy against virtual time](results/fleet.png)\n"
+    )
+
+
+def write_block(summary: dict[str, Any]) -> None:
+    text = PAGE.read_text()
+    if not BLOCK.search(text):
+        raise SystemExit(f"{PAGE} has no <!-- fleet-results --> block")
+    PAGE.write_text(BLOCK.sub(lambda m: m.group(1) + block(summary) + m.group(2), text))
 
 
 if __name__ == "__main__":

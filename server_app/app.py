@@ -57,14 +57,10 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
     if cfg.server_threads:
         torch.set_num_threads(cfg.server_threads)
     strategy = make_strategy(cfg)
-    timeout = cfg.round_timeout
+    timeout = phase_timeout(cfg, simulation)
+    strategy.virtual_deadline = simulation
     if simulation:
         strategy.clients_dir = str(out_dir / "clients")
-    elif cfg.round_deadline_s > 0:
-        # real devices: the deadline is the training phase's message timeout, and a
-        # reply that made it is aggregated whatever the virtual clock predicts
-        strategy.virtual_deadline = False
-        timeout = min(timeout, cfg.round_deadline_s)
     try:
         initial = strategy.initial_arrays(grid)
     except ValueError as exc:  # e.g. fedavg on a heterogeneous family
@@ -105,6 +101,15 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
         path,
     )
     return path
+
+
+def phase_timeout(cfg: RunConfig, simulation: bool) -> float:
+    """Seconds a round's phase waits for replies: ``round-timeout``, and in a real
+    federation at most ``round-deadline-s`` (there the deadline is a timeout; in
+    simulation it is applied to the virtual clock instead)."""
+    if simulation or cfg.round_deadline_s <= 0:
+        return cfg.round_timeout
+    return min(cfg.round_timeout, cfg.round_deadline_s)
 
 
 def is_simulation(grid: Grid) -> bool:

@@ -347,3 +347,12 @@ def test_host_speed_is_measured_once_per_machine_and_can_be_set(
     workload.host_speed.cache_clear()
     assert workload.host_speed(1) == 3.5
     workload.host_speed.cache_clear()
+
+
+def test_in_deployment_the_deadline_is_the_phase_timeout() -> None:
+    from server_app.app import phase_timeout
+
+    cfg = parse_run_config({"round-deadline-s": 30.0, "round-timeout": 600.0})
+    assert phase_timeout(cfg, simulation=False) == 30.0
+    assert phase_timeout(cfg, simulation=True) == 600.0  # virtual there
+    assert phase_timeout(parse_run_config({}), simulation=False) == 3600.0

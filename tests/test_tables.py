@@ -55,3 +55,15 @@ def test_the_summary_shows_every_method_of_both_regimes() -> None:
     names = {line.split("|")[1].strip().split(" (")[0] for line in rows}
     for name in ("local", "lgfedavg", "fedre", "fedgh", "fedtgp", "fedkd", "fml"):
         assert name in names
+
+
+def test_the_fleet_results_are_what_the_fleet_archive_gives() -> None:
+    from benchmarks import fleet
+
+    summary = fleet.summarise()
+    assert summary["rows"], "no archived fleet run (docs/results/archive/fleet)"
+    page = fleet.PAGE.read_text()
+    m = fleet.BLOCK.search(page)
+    assert m is not None
+    shown = page[m.end(1) : m.start(2)]
+    assert shown == fleet.block(summary), "run python -m benchmarks.fleet --table"
