@@ -140,6 +140,10 @@ ADDED = {
     "fleet": "",
     "model.policy": "profile",
     "fedara.rank-policy": "profile",
+    # robust aggregation: off in every archived run
+    "robust.aggregate": "mean",
+    "robust.trim": 0.1,
+    "robust.max-norm-ratio": 0.0,
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

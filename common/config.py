@@ -38,6 +38,7 @@ from common.sections import (
     FMLConfig,
     ModelConfig,
     PrivacyConfig,
+    RobustConfig,
     Section,
     TrainConfig,
     _kebab,
@@ -127,6 +128,7 @@ class RunConfig(Section):
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    robust: RobustConfig = RobustConfig()
 
     @field_validator("fleet")
     @classmethod

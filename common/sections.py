@@ -217,6 +217,22 @@ class FMLConfig(Section):
     """The meme's loss: β·CE + (1−β)·KL(own‖meme)."""
 
 
+class RobustConfig(Section):
+    """``robust.*``: aggregation that a few extreme finite replies cannot steer."""
+
+    aggregate: Literal["mean", "trimmed-mean", "median"] = "mean"
+    """How the methods whose server averages arrays (fedavg, lgfedavg, fedlora, fml,
+    fedkd's updates, fedproto's class prototypes) combine the replies, coordinate by
+    coordinate: the weighted ``mean``, a weighted ``trimmed-mean`` (``robust.trim`` of
+    the weight cut from each end) or the weighted ``median``."""
+    trim: float = Field(0.1, ge=0, lt=0.5)
+    """Share of the total weight cut from each end by ``trimmed-mean``."""
+    max_norm_ratio: float = Field(0.0, ge=0)
+    """Reject an upload whose size, in the form the server aggregates (a parameter
+    upload's update to what it was sent; a prototype's or representation's norm), is
+    more than this many times the round's median size; 0 = off."""
+
+
 class PrivacyConfig(Section):
     """``privacy.*``: protection of what leaves a device."""
 

@@ -37,6 +37,7 @@ from common.records import (
 )
 from strategies.clock import client_seconds
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
+from strategies.robust import norm_outliers, robust_mean, update_norm
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (models import torch)
     from models import HetNet
@@ -56,6 +57,9 @@ class RunSettings(TypedDict, total=False):
     max_weight_share: float
     round_timeout: float
     round_deadline_s: float
+    robust_aggregate: str
+    robust_trim: float
+    max_norm_ratio: float
     eval_every: int
     num_rounds: int
     seed: int
@@ -73,6 +77,9 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         "max_weight_share": cfg.max_weight_share,
         "round_timeout": cfg.round_timeout,
         "round_deadline_s": cfg.round_deadline_s,
+        "robust_aggregate": cfg.robust.aggregate,
+        "robust_trim": cfg.robust.trim,
+        "max_norm_ratio": cfg.robust.max_norm_ratio,
         "eval_every": cfg.eval_every,
         "num_rounds": cfg.num_server_rounds,
         "seed": cfg.seed,
@@ -107,6 +114,9 @@ class HeteroStrategy(Strategy):
         max_weight_share: float = 1.0,
         round_timeout: float = 3600.0,
         round_deadline_s: float = 0.0,
+        robust_aggregate: str = "mean",
+        robust_trim: float = 0.1,
+        max_norm_ratio: float = 0.0,
         eval_every: int = 1,
         num_rounds: int = 10,
         seed: int = 0,
@@ -128,6 +138,12 @@ class HeteroStrategy(Strategy):
         self.round_deadline_s = round_deadline_s
         """Virtual seconds a training round may last (0: no deadline): a reply whose
         predicted round time exceeds it is a straggler, not aggregated."""
+        self.robust_aggregate = robust_aggregate
+        """``mean``, ``trimmed-mean`` or ``median``: how :meth:`mean_of` combines."""
+        self.robust_trim = robust_trim
+        """Weight share cut from each end by ``trimmed-mean``."""
+        self.max_norm_ratio = max_norm_ratio
+        """Reject uploads beyond this × the round's median :meth:`upload_size` (0: off)."""
         self.virtual_deadline = True
         """Apply ``round_deadline_s`` to the virtual clock (simulation, in process);
         False in deployment, where it is the real message timeout instead."""
@@ -400,6 +416,7 @@ class HeteroStrategy(Strategy):
             uploads.append(upload)
             self.last_train[upload.node.partition_id] = upload.metrics
         uploads.sort(key=lambda u: u.node.partition_id)
+        uploads = self._screen(server_round, uploads)
         if not uploads:
             return []
         shares = capped_shares([u.num_examples for u in uploads], self.max_weight_share)
@@ -446,10 +463,34 @@ class HeteroStrategy(Strategy):
         deadline policy sends each node its rank ratio)."""
         return {}
 
+    def upload_size(self, upload: Upload) -> float | None:
+        """An upload's size in the form this server aggregates, for
+        ``robust.max-norm-ratio`` (default: for a method that replaces a shared model by
+        a mean, the norm of the update to what it was sent; otherwise not screened)."""
+        if not self.shares_model:
+            return None
+        return update_norm(upload.arrays, self.global_arrays)
+
+    def _screen(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
+        """Drop uploads far larger than the round's median (``robust.max-norm-ratio``)."""
+        if self.max_norm_ratio <= 0:
+            return uploads
+        sizes = {u.node.node_id: self.upload_size(u) for u in uploads}
+        known = {n: s for n, s in sizes.items() if s is not None}
+        outliers = norm_outliers(known, self.max_norm_ratio)
+        for nid, reason in outliers.items():
+            log(WARNING, "round %d: dropped reply of node %d: %s", server_round, nid, reason)
+            self.rejected.append((server_round, nid, reason))
+        return [u for u in uploads if u.node.node_id not in outliers]
+
     def mean_of(self, uploads: list[Upload]) -> Arrays:
-        """The uploads' weighted mean (``Upload.weight``), in the global's dtypes."""
-        return weighted_mean(
-            [u.arrays for u in uploads], [u.weight for u in uploads], self.global_arrays
+        """The uploads' weighted mean (``Upload.weight``), in the global's dtypes, or
+        the robust rule ``robust.aggregate`` chooses."""
+        arrays, weights = [u.arrays for u in uploads], [u.weight for u in uploads]
+        if self.robust_aggregate == "mean":
+            return weighted_mean(arrays, weights, self.global_arrays)
+        return robust_mean(
+            arrays, weights, self.global_arrays, self.robust_aggregate, self.robust_trim
         )
 
     def min_valid(self) -> int:

@@ -321,6 +321,10 @@ class FedARA(HeteroStrategy):
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return shapes(self.served(self.tier(node)))
 
+    def upload_size(self, upload: Upload) -> float | None:
+        """Not screened yet: the size of a factorised reply's reconstructed update."""
+        return None
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         """The rule: every reply back to full rank on the global's scale, the
         sample-weighted mean (``reconstruct``), plus the served residuals (``delta``),

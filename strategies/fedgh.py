@@ -12,6 +12,7 @@ from common.records import Arrays
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fedproto import expected_prototypes
 from strategies.heads import BIAS, head_diagnostics, initial_head, server_step
+from strategies.robust import largest_row_norm
 
 
 class FedGH(HeteroStrategy):
@@ -55,6 +56,9 @@ class FedGH(HeteroStrategy):
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return expected_prototypes(node)
+
+    def upload_size(self, upload: Upload) -> float | None:
+        return largest_row_norm(upload.arrays)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         reps, labels = [], []

@@ -15,6 +15,7 @@ from common.records import Arrays, invalid_reason, shapes
 from models.mutual import decompress
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fml import float_state, shared_arch
+from strategies.robust import robust_mean
 
 
 def compressed_shapes(key: str, shape: tuple[int, ...], rank: int) -> dict[str, tuple[int, ...]]:
@@ -77,12 +78,33 @@ class FedKD(HeteroStrategy):
             wanted.update(compressed_shapes(key, shape, rank))
         return invalid_reason(arrays, wanted)
 
+    def upload_size(self, upload: Upload) -> float | None:
+        """The norm of the whole reconstructed update."""
+        total = sum(
+            float(np.square(update_of(upload.arrays, key, value.shape)).sum())
+            for key, value in self.global_arrays.items()
+        )
+        return float(np.sqrt(total))
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         new: Arrays = {}
         for key, value in self.global_arrays.items():
             acc = value.astype(np.float64)
-            for u in uploads:
-                acc = acc + update_of(u.arrays, key, value.shape) * u.weight
+            if self.robust_aggregate == "mean":
+                for u in uploads:
+                    acc = acc + update_of(u.arrays, key, value.shape) * u.weight
+            else:
+                updates = [{key: update_of(u.arrays, key, value.shape)} for u in uploads]
+                acc = (
+                    acc
+                    + robust_mean(
+                        updates,
+                        [u.weight for u in uploads],
+                        {key: acc},
+                        self.robust_aggregate,
+                        self.robust_trim,
+                    )[key]
+                )
             new[key] = acc.astype(value.dtype)
         sent = sum(v.size for u in uploads for v in u.arrays.values())
         dense = sum(v.size for v in self.global_arrays.values()) * len(uploads)

@@ -7,6 +7,7 @@ import numpy as np
 from common.messages import PROTO
 from common.records import Arrays
 from strategies.base import HeteroStrategy, NodeInfo, Upload
+from strategies.robust import largest_row_norm, robust_mean
 
 
 def present_classes(node: NodeInfo) -> list[int]:
@@ -18,14 +19,22 @@ def expected_prototypes(node: NodeInfo) -> dict[str, tuple[int, ...]]:
     return {f"{PROTO}{c}": (node.feature_dim,) for c in present_classes(node)}
 
 
-def class_mean(uploads: list[Upload]) -> Arrays:
-    """Unweighted per-class mean over the clients that have the class."""
+def class_mean(uploads: list[Upload], rule: str = "mean", trim: float = 0.1) -> Arrays:
+    """Unweighted per-class mean over the clients that have the class (``rule``:
+    ``trimmed-mean`` or ``median`` per coordinate instead, see :mod:`strategies.robust`)."""
     groups: dict[str, list[np.ndarray]] = {}
     for u in uploads:
         for key, value in u.arrays.items():
             groups.setdefault(key, []).append(value.astype(np.float64))
     order = sorted(groups, key=lambda k: int(k.removeprefix(PROTO)))
-    return {k: np.mean(groups[k], axis=0).astype(np.float32) for k in order}
+    if rule == "mean":
+        return {k: np.mean(groups[k], axis=0).astype(np.float32) for k in order}
+    out: Arrays = {}
+    for k in order:
+        like = {k: np.zeros(0, np.float32)}
+        items = [{k: v} for v in groups[k]]
+        out[k] = robust_mean(items, [1.0] * len(items), like, rule, trim)[k]
+    return out
 
 
 class FedProto(HeteroStrategy):
@@ -45,7 +54,10 @@ class FedProto(HeteroStrategy):
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return expected_prototypes(node)
 
+    def upload_size(self, upload: Upload) -> float | None:
+        return largest_row_norm(upload.arrays)
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         new = dict(self.global_arrays)
-        new.update(class_mean(uploads))
+        new.update(class_mean(uploads, self.robust_aggregate, self.robust_trim))
         return dict(sorted(new.items(), key=lambda kv: int(kv[0].removeprefix(PROTO))))

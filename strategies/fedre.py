@@ -11,6 +11,7 @@ from common.messages import REP, SOFT_LABEL
 from common.records import Arrays, invalid_reason
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.heads import head_diagnostics, initial_head, server_step
+from strategies.robust import largest_row_norm
 
 
 class FedRE(HeteroStrategy):
@@ -77,6 +78,9 @@ class FedRE(HeteroStrategy):
             if (soft < 0).any() or np.abs(sums - 1.0).max() > 1e-4:
                 reason = f"soft label is not a distribution (sums {np.round(sums, 6).tolist()})"
         return reason
+
+    def upload_size(self, upload: Upload) -> float | None:
+        return largest_row_norm({REP: upload.arrays[REP]})
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         x = np.concatenate([u.arrays[REP] for u in uploads])

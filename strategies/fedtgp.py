@@ -15,6 +15,7 @@ from models.threads import torch_threads
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fedproto import class_mean, expected_prototypes
 from strategies.heads import common_head_shape
+from strategies.robust import largest_row_norm
 
 
 class FedTGP(HeteroStrategy):
@@ -85,6 +86,9 @@ class FedTGP(HeteroStrategy):
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return expected_prototypes(node)
+
+    def upload_size(self, upload: Upload) -> float | None:
+        return largest_row_norm(upload.arrays)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         assert self.generator is not None

@@ -1,0 +1,128 @@
+"""Robust aggregation: coordinate-wise trimmed means and medians, and norm screening.
+
+``robust.aggregate`` replaces the weighted mean of the methods whose server averages
+arrays; ``robust.max-norm-ratio`` rejects an upload whose size, in the form the
+server aggregates, is far beyond the round's median (docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from common.records import Arrays
+
+HALF_TOL = 1e-12
+"""Cumulative weights this close to one half count as exactly half (a tie)."""
+
+
+def trimmed_mean(values: np.ndarray, weights: Sequence[float], trim: float) -> np.ndarray:
+    """Coordinate-wise weighted trimmed mean of ``values`` [K, ...]: per coordinate the
+    K values are sorted, the lowest and the highest ``trim`` of the total weight are
+    cut (a value straddling a cut keeps the part inside), and the rest is averaged
+    with its weights. ``trim = 0`` is the weighted mean; with K equal weights and
+    ``trim · K`` whole it is the classic trimmed mean."""
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    return _window_mean(values, weights, trim, 1 - trim)
+
+
+def weighted_median(values: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """Coordinate-wise weighted median of ``values`` [K, ...]: the value at half the
+    total weight (the mean of the two values around it when half falls exactly
+    between them, as ``np.median`` does for equal weights and an even K)."""
+    w = _normalised(weights, values.shape[0])
+    v = values.astype(np.float64)
+    order = np.argsort(v, axis=0, kind="stable")
+    sorted_v = np.take_along_axis(v, order, axis=0)
+    upper = np.cumsum(w[order], axis=0)
+    first = np.argmax(upper >= 0.5 - HALF_TOL, axis=0)[None]
+    value = np.take_along_axis(sorted_v, first, axis=0)[0]
+    tie = np.abs(np.take_along_axis(upper, first, axis=0)[0] - 0.5) <= HALF_TOL
+    after = np.minimum(first + 1, v.shape[0] - 1)
+    following = np.take_along_axis(sorted_v, after, axis=0)[0]
+    return np.where(tie, (value + following) / 2, value)
+
+
+def _normalised(weights: Sequence[float], count: int) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if count != len(w) or len(w) == 0:
+        raise ValueError(f"{count} values for {len(w)} weights")
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be non-negative with a positive sum")
+    return w / w.sum()
+
+
+def _window_mean(values: np.ndarray, weights: Sequence[float], lo: float, hi: float) -> np.ndarray:
+    w = _normalised(weights, values.shape[0])
+    v = values.astype(np.float64)
+    order = np.argsort(v, axis=0, kind="stable")
+    sorted_v = np.take_along_axis(v, order, axis=0)
+    ws = w[order]  # each value's weight, in sorted order
+    upper = np.cumsum(ws, axis=0)
+    lower = upper - ws
+    eff = np.clip(np.minimum(upper, hi) - np.maximum(lower, lo), 0.0, None)
+    return (sorted_v * eff).sum(axis=0) / eff.sum(axis=0)
+
+
+def robust_mean(
+    arrays: Sequence[Arrays], weights: Sequence[float], like: Arrays, rule: str, trim: float
+) -> Arrays:
+    """Key by key: ``rule`` = ``mean`` (the weighted mean), ``trimmed-mean``
+    (:func:`trimmed_mean` with ``trim``) or ``median`` (:func:`weighted_median`),
+    cast to the dtype of the same key in ``like``."""
+    if not arrays:
+        raise ValueError("robust_mean of no arrays")
+    out: Arrays = {}
+    for key in arrays[0]:
+        stacked = np.stack([a[key] for a in arrays])
+        if rule == "median":
+            value = weighted_median(stacked, weights)
+        elif rule == "trimmed-mean":
+            value = trimmed_mean(stacked, weights, trim)
+        elif rule == "mean":
+            value = trimmed_mean(stacked, weights, 0.0)
+        else:
+            raise ValueError(f"unknown robust.aggregate {rule!r}")
+        out[key] = value.astype(like[key].dtype)
+    return out
+
+
+def norm_outliers(norms: dict[int, float], ratio: float) -> dict[int, str]:
+    """Who is beyond ``ratio`` × the median of ``norms`` (node -> reason); nobody
+    when ``ratio`` is 0 (off), with fewer than 3 norms, or a zero median."""
+    if ratio <= 0 or len(norms) < 3:
+        return {}
+    median = float(np.median(list(norms.values())))
+    if median <= 0:
+        return {}
+    return {
+        node: f"size {value:.3g} is {value / median:.1f}× the round's median {median:.3g} "
+        f"(robust.max-norm-ratio {ratio:g})"
+        for node, value in norms.items()
+        if value > ratio * median
+    }
+
+
+def update_norm(upload: Arrays, served: Arrays) -> float:
+    """‖upload − served‖ over the floating-point keys both have (the update a
+    parameter upload makes to what it was sent)."""
+    total = 0.0
+    for key, value in upload.items():
+        ref = served.get(key)
+        if ref is None or not np.issubdtype(value.dtype, np.floating):
+            continue
+        diff = value.astype(np.float64) - ref.astype(np.float64)
+        total += float(np.square(diff).sum())
+    return float(np.sqrt(total))
+
+
+def largest_row_norm(upload: Arrays) -> float:
+    """The largest L2 norm of any prototype or representation in an upload (each
+    1-D array, or each row of a 2-D one)."""
+    best = 0.0
+    for value in upload.values():
+        rows = value.reshape(1, -1) if value.ndim == 1 else value.reshape(value.shape[0], -1)
+        best = max(best, float(np.linalg.norm(rows.astype(np.float64), axis=1).max()))
+    return best

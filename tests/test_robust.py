@@ -1,0 +1,142 @@
+"""Robust aggregation: trimmed means and medians against closed forms, norm screening,
+and the strategies that use them (crafted replies)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.records import weighted_mean
+from strategies.fedgh import FedGH
+from strategies.fedkd import FedKD
+from strategies.fedproto import FedProto, class_mean
+from strategies.lgfedavg import LGFedAvg
+from strategies.robust import (
+    largest_row_norm,
+    norm_outliers,
+    robust_mean,
+    trimmed_mean,
+    update_norm,
+    weighted_median,
+)
+from strategies.testing import node, reply, strategy
+
+RNG = np.random.default_rng(3)
+
+
+def test_trimmed_mean_and_median_with_equal_weights_are_the_classic_ones() -> None:
+    v = RNG.normal(size=(10, 4, 3))
+    s = np.sort(v, axis=0)
+    np.testing.assert_allclose(trimmed_mean(v, [1] * 10, 0.2), s[2:8].mean(axis=0))
+    np.testing.assert_allclose(trimmed_mean(v, [1] * 10, 0.0), v.mean(axis=0))
+    np.testing.assert_allclose(weighted_median(v, [1] * 10), np.median(v, axis=0))
+    np.testing.assert_allclose(weighted_median(v[:7], [1] * 7), np.median(v[:7], axis=0))
+
+
+def test_weights_decide_what_is_cut() -> None:
+    v = np.array([[0.0], [1.0], [10.0]])
+    # weights 1/4, 1/2, 1/4; a quarter cut from each end leaves the middle value
+    assert trimmed_mean(v, [1, 2, 1], 0.25)[0] == pytest.approx(1.0)
+    # a tenth cut from each end: 0 keeps 0.15, 1 keeps 0.5, 10 keeps 0.15 of 0.8
+    assert trimmed_mean(v, [1, 2, 1], 0.1)[0] == pytest.approx((0.5 + 1.5) / 0.8)
+    assert weighted_median(v, [1, 2, 1])[0] == 1.0
+    assert weighted_median(v, [3, 1, 1])[0] == 0.0  # the heavy value holds half
+    w = RNG.random(6)
+    x = RNG.normal(size=(6, 5))
+    np.testing.assert_allclose(trimmed_mean(x, w, 0.0), (x * w[:, None]).sum(0) / w.sum())
+
+
+def test_robust_mean_keeps_dtypes_and_the_plain_mean_is_the_weighted_mean() -> None:
+    arrays = [{"a": RNG.normal(size=(3, 2)).astype(np.float32)} for _ in range(5)]
+    like = {"a": np.zeros((3, 2), np.float32)}
+    weights = [1, 2, 3, 4, 5]
+    got = robust_mean(arrays, weights, like, "mean", 0.1)
+    np.testing.assert_allclose(got["a"], weighted_mean(arrays, weights, like)["a"], rtol=1e-6)
+    assert robust_mean(arrays, weights, like, "median", 0.1)["a"].dtype == np.float32
+    with pytest.raises(ValueError, match="robust.aggregate"):
+        robust_mean(arrays, weights, like, "mode", 0.1)
+
+
+def test_norm_outliers_against_the_median() -> None:
+    norms = {1: 1.0, 2: 2.0, 3: 3.0, 4: 100.0}
+    # median 2.5: 100 > 10 × 2.5, 3 is not
+    assert set(norm_outliers(norms, 10.0)) == {4}
+    assert "40.0×" in norm_outliers(norms, 10.0)[4]
+    assert norm_outliers(norms, 0.0) == {}  # off
+    assert norm_outliers({1: 1.0, 2: 1e9}, 10.0) == {}  # too few to tell
+    assert update_norm({"w": np.array([3.0, 4.0])}, {"w": np.zeros(2)}) == 5.0
+    assert largest_row_norm({"p": np.array([[3.0, 4.0], [0.0, 1.0]])}) == 5.0
+
+
+def heads(n: int, scale: float = 1.0) -> list[dict[str, np.ndarray]]:
+    return [
+        {
+            "head.weight": (RNG.normal(size=(10, 500)) * scale).astype(np.float32),
+            "head.bias": (RNG.normal(size=(10,)) * scale).astype(np.float32),
+        }
+        for _ in range(n)
+    ]
+
+
+def test_a_huge_finite_reply_is_screened_out() -> None:
+    nodes = [node(10 + i, i) for i in range(5)]
+    s = strategy(LGFedAvg, nodes, **{"robust.max-norm-ratio": 10.0})
+    s.global_arrays = s.init_global()
+    hs = heads(5, 0.01)
+    hs[2] = {k: v * 1e6 for k, v in hs[2].items()}
+    s.aggregate_train(1, [reply(10 + i, h, 100) for i, h in enumerate(hs)])
+    assert [r[1] for r in s.rejected] == [12] and "robust.max-norm-ratio" in s.rejected[0][2]
+    want = weighted_mean([h for i, h in enumerate(hs) if i != 2], [1] * 4, s.global_arrays)
+    np.testing.assert_allclose(s.global_arrays["head.bias"], want["head.bias"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
+def test_a_robust_rule_is_not_dragged_by_a_flipped_minority(rule: str) -> None:
+    nodes = [node(10 + i, i) for i in range(5)]
+    s = strategy(LGFedAvg, nodes, **{"robust.aggregate": rule, "robust.trim": 0.2})
+    s.global_arrays = s.init_global()
+    hs = heads(5)
+    for i in (0, 1):  # 40 % sign-flipped and scaled up
+        hs[i] = {k: -50 * v for k, v in hs[i].items()}
+    s.aggregate_train(1, [reply(10 + i, h, 100) for i, h in enumerate(hs)])
+    stacked = np.stack([h["head.bias"] for h in hs])
+    if rule == "median":
+        want = np.median(stacked, axis=0)
+    else:
+        want = np.sort(stacked, axis=0)[1:4].mean(axis=0)
+    np.testing.assert_allclose(s.global_arrays["head.bias"], want, rtol=1e-5)
+
+
+def test_fedproto_takes_a_per_class_median_over_clients() -> None:
+    nodes = [node(10 + i, i, d=4, classes=2) for i in range(3)]
+    s = strategy(FedProto, nodes, **{"robust.aggregate": "median"})
+    protos = [{f"proto.{c}": RNG.normal(size=4).astype(np.float32) for c in (0, 1)} for _ in nodes]
+    protos[1]["proto.0"] *= 1000
+    s.aggregate_train(1, [reply(10 + i, p, 100) for i, p in enumerate(protos)])
+    want = np.median(np.stack([p["proto.0"] for p in protos]), axis=0)
+    np.testing.assert_allclose(s.global_arrays["proto.0"], want, rtol=1e-6)
+    assert set(class_mean([], "median")) == set()
+
+
+def test_prototype_uploads_are_screened_by_their_largest_norm() -> None:
+    nodes = [node(10 + i, i, d=500, classes=10) for i in range(4)]
+    s = strategy(FedGH, nodes, **{"robust.max-norm-ratio": 10.0, "fedgh.server-epochs": 1})
+    s.global_arrays = s.init_global()
+    protos = [
+        {f"proto.{c}": RNG.normal(size=500).astype(np.float32) for c in range(10)} for _ in nodes
+    ]
+    protos[3]["proto.7"] *= 1e6
+    s.aggregate_train(1, [reply(10 + i, p, 100) for i, p in enumerate(protos)])
+    assert [r[1] for r in s.rejected] == [13]
+
+
+def test_fedkd_median_of_updates() -> None:
+    nodes = [node(10 + i, i) for i in range(3)]
+    s = strategy(FedKD, nodes, **{"robust.aggregate": "median"})
+    s.global_arrays = {"mentee.b": np.zeros(4, np.float32)}
+    updates = [np.array([1, 2, 3, 4.0]), np.array([2, 2, 2, 2.0]), np.array([-900, 5, 0, 9.0])]
+    replies = [
+        reply(10 + i, {"mentee.b": u.astype(np.float32)}, 100) for i, u in enumerate(updates)
+    ]
+    s.aggregate_train(1, replies)
+    np.testing.assert_allclose(s.global_arrays["mentee.b"], np.median(np.stack(updates), axis=0))
