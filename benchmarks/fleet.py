@@ -322,11 +322,40 @@ def block(summary: dict[str, Any]) -> str:
     )
 
 
+README = ROOT / "README.md"
+SUMMARY_BLOCK = re.compile(r"(<!-- fleet-summary -->\n).*?(<!-- /fleet-summary -->)", re.S)
+SUMMARY_ROWS = ("fedara-deadline", "fedara-full", "fedavg-small", "fedgh", "local")
+
+
+def readme_block(summary: dict[str, Any]) -> str:
+    """The README's short version: a few rows, time to local's accuracy and final."""
+    rows = summary["rows"]
+    lines = [
+        f"| {DEVICES} devices, `{FLEET}` | seeds | virtual s to local's final accuracy | "
+        "final accuracy |",
+        "|---|---|---|---|",
+    ]
+    for name in SUMMARY_ROWS:
+        if name in rows:
+            r = rows[name]
+            lines.append(
+                f"| {name} | {len(r['seeds'])} | {_mean(r['time-to-local-s'], '{:.0f}')} | "
+                f"{_mean(r['accuracy-last'], '{:.4f}')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def write_block(summary: dict[str, Any]) -> None:
-    text = PAGE.read_text()
-    if not BLOCK.search(text):
-        raise SystemExit(f"{PAGE} has no <!-- fleet-results --> block")
-    PAGE.write_text(BLOCK.sub(lambda m: m.group(1) + block(summary) + m.group(2), text))
+    for path, pattern, body in (
+        (PAGE, BLOCK, block(summary)),
+        (README, SUMMARY_BLOCK, readme_block(summary)),
+    ):
+        text = path.read_text()
+        if not pattern.search(text):
+            raise SystemExit(f"{path} has no results block ({pattern.pattern})")
+        m = pattern.search(text)
+        assert m is not None
+        path.write_text(text[: m.end(1)] + body + text[m.start(2) :])
 
 
 if __name__ == "__main__":

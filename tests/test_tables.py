@@ -67,3 +67,7 @@ def test_the_fleet_results_are_what_the_fleet_archive_gives() -> None:
     assert m is not None
     shown = page[m.end(1) : m.start(2)]
     assert shown == fleet.block(summary), "run python -m benchmarks.fleet --table"
+    readme = fleet.README.read_text()
+    m = fleet.SUMMARY_BLOCK.search(readme)
+    assert m is not None
+    assert readme[m.end(1) : m.start(2)] == fleet.readme_block(summary)
