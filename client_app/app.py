@@ -73,12 +73,8 @@ def _lineage(msg: Message) -> str:
 def _served(msg: Message) -> dict[str, Scalar]:
     """What the server decided for this node this round (FedARA's deadline policy:
     its ``rank-ratio``); overrides node-config for this message."""
-    config = msg.content["config"]
-    return {k: config[k] for k in SERVED if k in config}  # type: ignore[misc]
-
-
-SERVED = ("rank-ratio",)
-"""Message-config keys that set a node option for one message."""
+    ratio = msg.content["config"].get("rank-ratio")
+    return {"rank-ratio": float(ratio)} if isinstance(ratio, int | float) else {}
 
 
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
@@ -88,7 +84,7 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
     )
     run.received = to_torch(msg.content.array_records["arrays"])
     device = run.node.device  # the virtual clock (fleet, device profiles)
-    # measured once per process, before the timed part: it also warms torch up
+    # read (or measured, once per machine) before the timed part
     speed = host_speed(torch.get_num_threads()) if device is not None else 0.0
     cpu_start = time.process_time()
     hook.install(run, run.received)

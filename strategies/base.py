@@ -33,7 +33,6 @@ from common.records import (
     shapes,
     to_numpy,
     to_record,
-    weighted_mean,
 )
 from strategies.clock import client_seconds
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
@@ -486,11 +485,12 @@ class HeteroStrategy(Strategy):
     def mean_of(self, uploads: list[Upload]) -> Arrays:
         """The uploads' weighted mean (``Upload.weight``), in the global's dtypes, or
         the robust rule ``robust.aggregate`` chooses."""
-        arrays, weights = [u.arrays for u in uploads], [u.weight for u in uploads]
-        if self.robust_aggregate == "mean":
-            return weighted_mean(arrays, weights, self.global_arrays)
         return robust_mean(
-            arrays, weights, self.global_arrays, self.robust_aggregate, self.robust_trim
+            [u.arrays for u in uploads],
+            [u.weight for u in uploads],
+            self.global_arrays,
+            self.robust_aggregate,
+            self.robust_trim,
         )
 
     def min_valid(self) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.records import Arrays
+from common.records import Arrays, weighted_mean
 
 HALF_TOL = 1e-12
 """Cumulative weights this close to one half count as exactly half (a tie)."""
@@ -69,11 +69,13 @@ def _window_mean(values: np.ndarray, weights: Sequence[float], lo: float, hi: fl
 def robust_mean(
     arrays: Sequence[Arrays], weights: Sequence[float], like: Arrays, rule: str, trim: float
 ) -> Arrays:
-    """Key by key: ``rule`` = ``mean`` (the weighted mean), ``trimmed-mean``
-    (:func:`trimmed_mean` with ``trim``) or ``median`` (:func:`weighted_median`),
-    cast to the dtype of the same key in ``like``."""
+    """Key by key: ``rule`` = ``mean`` (:func:`common.records.weighted_mean`, as
+    without this module), ``trimmed-mean`` (:func:`trimmed_mean` with ``trim``) or
+    ``median`` (:func:`weighted_median`), cast to the dtype of the same key in ``like``."""
     if not arrays:
         raise ValueError("robust_mean of no arrays")
+    if rule == "mean":
+        return weighted_mean(arrays, weights, like)
     out: Arrays = {}
     for key in arrays[0]:
         stacked = np.stack([a[key] for a in arrays])
@@ -81,8 +83,6 @@ def robust_mean(
             value = weighted_median(stacked, weights)
         elif rule == "trimmed-mean":
             value = trimmed_mean(stacked, weights, trim)
-        elif rule == "mean":
-            value = trimmed_mean(stacked, weights, 0.0)
         else:
             raise ValueError(f"unknown robust.aggregate {rule!r}")
         out[key] = value.astype(like[key].dtype)
