@@ -121,9 +121,10 @@ def expected_config(regime: str, name: str, seed: int) -> dict[str, Any]:
     return cfg
 
 
-IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies")
+IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies", "reply-poll")
 """Keys that cannot change a benchmark run's numbers: every reply is valid in every
-round of these runs (checked), so how many valid replies a round needs does not matter."""
+round of these runs (checked), so how many valid replies a round needs does not
+matter; ``reply-poll`` only decides when the server looks for replies."""
 ADDED = {
     "max-weight-share": 1.0,
     "model.init": "per-client",

@@ -1,20 +1,92 @@
-"""Idle pacing, shared by the warm executor (``cli/warm.py``) and the SuperNode
-(``cli/supernode.py``): fast right after a task, ever slower while idle.
+"""Poll pacing, shared by the warm executor (``cli/warm.py``) and the SuperNode
+(``cli/supernode.py``): fast when something is due, slow while nothing can happen.
 
 Standard library only: the warm executor's task children import it.
+
+A node learns when its next message is due from its own history: the gap between
+its reply and its next message, by the kind of message it replied to (a training
+reply waits for the round's slowest trainer and the server's step; an evaluation
+reply for the slowest evaluator and the next round's set-up). Until
+:data:`LEAD` x the expected gap it polls ever closer to that time (each wait half
+the time left), then fast, backing off by :data:`IDLE_GROWTH` while the message
+does not come; with no history, it backs off from its reply on. Idle, a pull comes
+at most every :data:`IDLE_POLL_S` (``FEDHET_IDLE_POLL_S``).
 """
 
 from __future__ import annotations
 
+import os
+
 IDLE_GROWTH = 0.05
-"""An idle poll comes ``IDLE_GROWTH`` x the time since the last task after the
-previous one (plus the base poll), up to Flower's own interval: 0.05 s right after a
-reply, 0.1 s after 1 s idle, 3 s after about a minute. Within a round a node waits
-for a few seconds at most and answers at once; an idle federation costs what stock
-Flower's does (3 SuperNodes polling every 0.05 s for ever took 76 % of a core here,
-a third of it in the SuperLink answering them; Flower's intervals 4 %)."""
+"""While a message is due but has not come, each poll comes ``IDLE_GROWTH`` x the
+time since it became due after the previous one (plus the base poll): 0.05 s at
+first, 0.1 s after 1 s, capped at the idle interval."""
+LEAD = 0.8
+"""Fast polls start at this share of the expected gap."""
+IDLE_POLL_S = 10.0
+"""The longest wait between two pulls of an idle SuperNode (env
+``FEDHET_IDLE_POLL_S``; Flower's own is 3 s). The first message of a run that
+starts after a long idle time waits up to this long; within a run a node polls by
+its expected gap. Each pull costs the SuperLink about one request's CPU (TLS, node
+authentication, its state): 10 s keeps an idle node below 0.002 of a server core."""
+GAP_MEMORY = 4
+"""A node expects the shortest of its last this many gaps of the same kind (a
+round it was not sampled in must not slow the next one)."""
+
+
+def idle_poll_s(default: float = IDLE_POLL_S) -> float:
+    """``FEDHET_IDLE_POLL_S`` (seconds, > 0) or ``default``."""
+    text = os.environ.get("FEDHET_IDLE_POLL_S", "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise SystemExit(f"FEDHET_IDLE_POLL_S={text!r}: not a number of seconds") from None
+    if not value > 0:
+        raise SystemExit(f"FEDHET_IDLE_POLL_S={text!r}: must be > 0")
+    return value
+
+
+def fast_polls() -> bool:
+    """``FEDHET_NODE_POLL=fast``: every poll at the base interval from each reply on,
+    backing off only by :func:`idle_interval` (what fedhet did before its polls knew
+    the round; for comparison). Default ``informed``."""
+    mode = os.environ.get("FEDHET_NODE_POLL", "informed").strip() or "informed"
+    if mode not in ("informed", "fast"):
+        raise SystemExit(f"FEDHET_NODE_POLL={mode!r}: choose 'informed' or 'fast'")
+    return mode == "fast"
 
 
 def idle_interval(base: float, idle_s: float, cap: float) -> float:
-    """The poll interval after ``idle_s`` seconds without a task."""
+    """The poll interval ``idle_s`` seconds after the last task (or after the
+    message became due)."""
     return min(cap, base + IDLE_GROWTH * max(0.0, idle_s))
+
+
+def informed_interval(base: float, since_s: float, expected_s: float | None, cap: float) -> float:
+    """The poll interval ``since_s`` seconds after the node's reply, its next message
+    expected ``expected_s`` seconds after a reply (None: unknown)."""
+    if expected_s is None:
+        return idle_interval(base, since_s, cap)
+    due = LEAD * expected_s
+    if since_s < due:
+        return min(cap, max(base, (due - since_s) / 2))
+    return idle_interval(base, since_s - due, cap)
+
+
+class Gaps:
+    """A node's gaps between a reply and its next message, by the kind of the message
+    it replied to."""
+
+    def __init__(self) -> None:
+        self._gaps: dict[str, list[float]] = {}
+
+    def add(self, kind: str, seconds: float) -> None:
+        seen = self._gaps.setdefault(kind, [])
+        seen.append(seconds)
+        del seen[:-GAP_MEMORY]
+
+    def expected(self, kind: str | None) -> float | None:
+        seen = self._gaps.get(kind or "")
+        return min(seen) if seen else None

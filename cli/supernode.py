@@ -1,9 +1,13 @@
 """``fedhet supernode``: Flower's SuperNode, paced, and told when its task's run stops.
 
 * :func:`run_supernode`: Flower's ``flower-supernode`` (same flags) with its reply waits
-  (0.5 s) capped at ``poll`` seconds and its idle pull (3 s) paced by
-  :func:`cli.pacing.idle_interval` (:class:`PacedSleep`), and its object pulls with
+  (0.5 s) capped at ``poll`` seconds, its idle pull (3 s) paced by when its next
+  message is due (:class:`PacedSleep`, :mod:`cli.pacing`), and its object pulls with
   :data:`common.flower_runtime.PULL_BACKOFF`.
+* Its executor's task requests are held (:class:`HeldTasks`): a SuperExec that asks
+  for a task while there is none gets its answer when a message arrives, or after
+  :data:`TASK_HOLD_S` without one, instead of polling (Flower's SuperExec, the warm
+  executor or any other: the answer is Flower's own).
 * ``flwr stop``: Flower's SuperNode waits for its task's reply for ever and pulls
   nothing meanwhile, so a stopped run's task trained on and held the next run back.
   Here the SuperNode asks the SuperLink every :data:`STOP_CHECK_S` seconds while it
@@ -20,13 +24,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
 from logging import DEBUG, INFO
 from typing import Any
 
-from cli.pacing import idle_interval
+from cli.pacing import Gaps, fast_polls, idle_interval, idle_poll_s, informed_interval
 from common.flower_runtime import fast_object_pulls, flower_internal, log
 
 SUPERNODE_POLL_S = 0.05
@@ -36,6 +41,12 @@ FLOWER_IDLE_PULL_S = 3.0
 FLOWER_REPLY_WAIT_S = 0.5
 """The SuperNode's wait between two looks for its task's reply in flwr 1.42.0
 (``_push_messages``), capped at the ``poll`` of :func:`run_supernode`."""
+TASK_HOLD_S = 10.0
+"""Longest time the node holds a SuperExec's request for a task while it has none
+(Flower's Runtime API client gives up after 30 s)."""
+BUSY_HOLD_S = 2.0
+"""The same while one of its tasks runs: the executor then watches its task's child
+between two requests (a child that died is noticed within this time)."""
 STOP_CHECK_S = 2.0
 """While its task runs, a SuperNode asks the SuperLink this often whether the task's
 run still runs (one small Fleet request per node; Flower's own node heartbeat is
@@ -44,15 +55,30 @@ every 30 s). A stopped run's task ends on the node within this time."""
 
 class PacedSleep(types.ModuleType):
     """``time`` for Flower's SuperNode loop: a wait inside a task (Flower asks for
-    0.5 s) is capped at ``poll`` seconds and marks the node active; the idle wait
-    between two pulls (Flower's 3 s) is :func:`idle_interval` since then."""
+    0.5 s) is capped at ``poll`` seconds and marks the node active (its reply goes out
+    right after); the idle wait between two pulls (Flower's 3 s) lasts until the next
+    message is due (:func:`informed_interval`, from the gaps :meth:`arrived` has
+    seen; ``fast``: :func:`idle_interval` from the reply on), at most ``cap``."""
 
-    def __init__(self, real: types.ModuleType, poll: float) -> None:
+    def __init__(
+        self, real: types.ModuleType, poll: float, cap: float | None = None, fast: bool = False
+    ) -> None:
         super().__init__("time")
         self.__dict__.update(vars(real))
-        self._real, self._poll = real, poll
+        self._real, self._poll, self._fast = real, poll, fast
+        self._cap = FLOWER_IDLE_PULL_S if fast else (idle_poll_s() if cap is None else cap)
         self.last_active = real.monotonic()
+        self.gaps = Gaps()
+        self.replied: str | None = None
+        """Kind of the message the node last worked on (None: none yet)."""
         self.sleep = self._sleep  # type: ignore[method-assign] # not the copied time.sleep
+
+    def arrived(self, kind: str) -> None:
+        """A message of ``kind`` (``train``, ``evaluate``, ...) was pulled: note the
+        gap since the reply to the previous one."""
+        if self.replied is not None:
+            self.gaps.add(self.replied, self._real.monotonic() - self.last_active)
+        self.replied = kind
 
     def wait_for(self, seconds: float) -> float:
         """How long a ``sleep(seconds)`` of Flower's loop sleeps now."""
@@ -60,10 +86,58 @@ class PacedSleep(types.ModuleType):
         if seconds < FLOWER_IDLE_PULL_S:
             self.last_active = now
             return min(seconds, self._poll)
-        return min(seconds, idle_interval(self._poll, now - self.last_active, seconds))
+        since = now - self.last_active
+        if self._fast:
+            return min(seconds, idle_interval(self._poll, since, self._cap))
+        return informed_interval(self._poll, since, self.gaps.expected(self.replied), self._cap)
 
     def _sleep(self, seconds: float) -> None:
         self._real.sleep(self.wait_for(seconds))
+
+
+class HeldTasks:
+    """The SuperNode's ``acquire_task`` handler (Runtime API), held while there is no
+    task: it answers as soon as :meth:`ring` tells it that a message arrived (or a
+    task was finished), or after ``hold_s`` with Flower's own empty answer."""
+
+    def __init__(
+        self,
+        acquire: Callable[..., Any],
+        hold_s: float = TASK_HOLD_S,
+        busy_hold_s: float = BUSY_HOLD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._acquire, self.hold_s, self.busy_hold_s = acquire, hold_s, busy_hold_s
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._rings = 0
+
+    def ring(self) -> None:
+        with self._cond:
+            self._rings += 1
+            self._cond.notify_all()
+
+    def __call__(self, request: Any, state: Any) -> Any:
+        deadline = self._clock() + (self.busy_hold_s if self._busy(state) else self.hold_s)
+        while True:
+            with self._cond:
+                seen = self._rings
+            answer = self._acquire(request, state)
+            left = deadline - self._clock()
+            if answer.HasField("task") or left <= 0:
+                return answer
+            with self._cond:
+                if self._rings == seen:
+                    self._cond.wait(left)
+
+    @staticmethod
+    def _busy(state: Any) -> bool:
+        """Whether one of the node's tasks is starting or running."""
+        status = flower_internal("flwr.common.constant", "Status")
+        try:
+            return bool(state.get_tasks(statuses=[status.STARTING, status.RUNNING], limit=1))
+        except Exception:  # noqa: BLE001 - unknown: hold briefly
+            return True
 
 
 class _TakenReplies:
@@ -107,8 +181,11 @@ class RunWatch:
         interval: float = STOP_CHECK_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        on_message: Callable[[str], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self._pull, self._push = pull, push
+        self._on_message, self._on_stop = on_message, on_stop
         self._pull_sig, self._push_sig = inspect.signature(pull), inspect.signature(push)
         for sig, names, name in (
             (self._pull_sig, ("receive", "get_run"), "_pull_and_store_message"),
@@ -131,11 +208,13 @@ class RunWatch:
         bound = self._pull_sig.bind(*args, **kwargs)
         receive = bound.arguments["receive"]
         received: list[str] = []
+        kinds: list[str] = []
 
         def receive_and_note() -> Any:
             got = receive()
             if got is not None:
                 received.append(got[0].metadata.message_id)
+                kinds.append(str(got[0].metadata.message_type).split(".")[0])
             return got
 
         bound.arguments["receive"] = receive_and_note
@@ -143,6 +222,8 @@ class RunWatch:
         run_id = self._pull(*bound.args, **bound.kwargs)
         self.run_id = run_id
         self.message_ids = received if run_id is not None else []
+        if run_id is not None and self._on_message is not None:
+            self._on_message(kinds[0] if kinds else "")
         return run_id
 
     def push(self, *args: Any, **kwargs: Any) -> None:
@@ -215,24 +296,46 @@ class RunWatch:
             self.message_ids,
         )
         self.run_id, self.message_ids = None, []
+        if self._on_stop is not None:
+            self._on_stop()
 
 
 def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     """Flower's ``flower-supernode`` with its reply waits (0.5 s) capped at ``poll``
-    seconds, its idle pull (3 s) paced by :func:`idle_interval`, its object pulls
-    with :data:`PULL_BACKOFF`, and the run of its task in progress watched by
-    :class:`RunWatch` (same flags)."""
+    seconds, its idle pull (3 s) paced by :class:`PacedSleep`, its object pulls with
+    :data:`PULL_BACKOFF`, its executor's task requests held (:class:`HeldTasks`), and
+    the run of its task in progress watched by :class:`RunWatch` (same flags).
+    ``FEDHET_NODE_POLL=fast``: the polling fedhet had before (no held requests)."""
     name = "flwr.supernode.start_client_internal"
     module = importlib.import_module(name)
-    paced = PacedSleep(flower_internal(name, "time"), poll)
+    fast = fast_polls()
+    paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
     setattr(module, "time", paced)  # noqa: B010
     fast_object_pulls(name, "pull_objects")
+    held: HeldTasks | None = None
+    if not fast:
+        handlers = RUNTIME_HANDLERS
+        held = HeldTasks(flower_internal(handlers, "acquire_task"))
+        setattr(importlib.import_module(handlers), "acquire_task", held)  # noqa: B010
+
+    def arrived(kind: str) -> None:
+        paced.arrived(kind)
+        if held is not None:
+            held.ring()
+
     watch = RunWatch(
         flower_internal(name, "_pull_and_store_message"),
         flower_internal(name, "_push_messages"),
         sleep=paced.sleep,
+        on_message=arrived,
+        on_stop=held.ring if held is not None else None,
     )
     setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
     setattr(module, "_push_messages", watch.push)  # noqa: B010
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+RUNTIME_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"
+"""The SuperNode's Runtime API handlers; its router looks ``acquire_task`` up there
+on every request."""

@@ -14,9 +14,12 @@ files:
   exactly the arguments Flower's subprocess executor would pass (TLS settings
   included). Every task still gets a fresh process; only the import cost is paid
   once. Other task types go to Flower's subprocess executor.
-* :func:`run_superexec`: Flower's SuperExec with that executor; it asks its SuperNode
-  for a task 0.05 s after the last one ended, later ever less often (see
-  :func:`cli.pacing.idle_interval`), and while a task's child runs it waits on that
+* :func:`run_superexec`: Flower's SuperExec with that executor. A ``fedhet
+  supernode`` holds its request for a task until a message arrives
+  (``cli/supernode.py``, :class:`~cli.supernode.HeldTasks`): the executor then asks
+  again at once and polls nothing. Against a SuperNode that answers at once (Flower's
+  own) it asks 0.05 s after the last task ended, later ever less often (see
+  :func:`cli.pacing.idle_interval`). While a task's child runs it waits on that
   child instead of polling (a SuperNode hands out its next task only after the reply).
 * ``flwr stop``: the SuperNode (``cli/supernode.py``) finishes a stopped run's tasks.
   The warm executor sends a task heartbeat for each running child every
@@ -49,7 +52,7 @@ from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-from cli.pacing import idle_interval
+from cli.pacing import fast_polls, idle_interval
 from cli.taskbeat import TaskBeat
 
 PRELOAD = [
@@ -78,6 +81,9 @@ that completed normally finishes its task just before its process exits) before
 SIGTERM."""
 KILL_AFTER_S = 3.0
 """SIGKILL for a child still alive this long after its SIGTERM."""
+HELD_S = 0.5
+"""A task request that took at least this long was held by the node (it answers when
+a task is there): the executor asks again without waiting."""
 
 
 def _clientapp_child(argv: list[str], quiet: bool, finishing: Any = None) -> None:
@@ -189,6 +195,11 @@ class WarmExecutor:
         self._result = flower_internal("flwr.supercore.superexec.executor.types", "LaunchResult")
         self._client_task = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
         self._last_active = time.monotonic()
+        self._asked_at: float | None = None
+        self._launched = False
+        self.node_holds = False
+        """Whether the node held the last task request (see :data:`HELD_S`)."""
+        self._fast = fast_polls()
         start = time.perf_counter()
         self._ctx.Process(target=_noop).start()  # start the warm parent now, not on task 1
         log(INFO, "fedhet warm executor: parent ready in %.1f s", time.perf_counter() - start)
@@ -210,18 +221,28 @@ class WarmExecutor:
         While a child runs, wait for it to end (at most Flower's own poll interval,
         less when :meth:`watch` is due sooner): the SuperNode pulls its next message
         only after it has this task's reply (or the task's run has stopped), so there
-        is nothing to ask for. Idle, add :func:`idle_interval` beyond the loop's
-        0.05 s sleep."""
+        is nothing to ask for. Idle, ask again at once when the node holds task
+        requests, else add :func:`idle_interval` beyond the loop's 0.05 s sleep."""
         running = [t for t in self._children if t.process.exitcode is None]
+        self._asked_at, self._launched = time.monotonic(), False
         if running:
             due = min(t.due() for t in running) - time.monotonic()
             timeout = min(FLOWER_TASK_POLL_S, max(0.0, due))
             multiprocessing.connection.wait([t.process.sentinel for t in running], timeout)
-            self._last_active = time.monotonic()
+            self._last_active = self._asked_at = time.monotonic()
+            return
+        if self.node_holds:
             return
         extra = idle_interval(0.0, time.monotonic() - self._last_active, FLOWER_TASK_POLL_S)
         if extra > 0.001:
             time.sleep(extra)
+            self._asked_at = time.monotonic()
+
+    def _note_answer(self) -> None:
+        """At the top of Flower's loop: how long the last task request took."""
+        if self._asked_at is None or self._launched or self._fast:
+            return
+        self.node_holds = time.monotonic() - self._asked_at >= HELD_S
 
     def wait_for_capacity(self, task_type: Any = None, **kwargs: Any) -> None:
         del task_type, kwargs
@@ -229,6 +250,7 @@ class WarmExecutor:
     def launch(self, spec: Any) -> Any:
         if spec.task_type != self._client_task:
             return self._fallback.launch(spec)
+        self._launched = True
         argv, quiet = flower_command(spec)
         try:
             finishing = self._ctx.Event()
@@ -248,6 +270,7 @@ class WarmExecutor:
         """Collect finished children (a crashed or killed one is logged; its task fails
         through Flower's own token expiry, as with the stock executor), then
         :meth:`watch` the running ones."""
+        self._note_answer()
         running = []
         for task in self._children:
             code = task.process.exitcode

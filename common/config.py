@@ -12,7 +12,7 @@ import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -91,6 +91,11 @@ class RunConfig(Section):
     simulation, virtual seconds: a client whose predicted round time (``fleet``,
     docs/fleet.md) exceeds it is a straggler and its reply is not aggregated; in
     deployment, the training phase's message timeout."""
+    reply_poll: Literal["informed", "fixed", "flower"] = "informed"
+    """Deployment: how the ServerApp polls the SuperLink for replies. ``informed``:
+    each phase polls ever closer to when its last reply came last round, then fast
+    (docs/deployment.md, "How many devices per server"); ``fixed``: every 0.1 s;
+    ``flower``: Flower's own grid (every 3 s)."""
     fleet: str = ""
     """Simulation only: device classes of the simulated nodes, ``class:count`` by
     partition id, cycled (``"rpi4:8,rpi5:6,jetson-orin-nano:4,server:2"``); each

@@ -43,6 +43,7 @@ FLOWER_INTERNALS = (
     ("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor"),
     ("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor"),
     ("flwr.proto.runtime_pb2", "SendTaskHeartbeatRequest"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "acquire_task"),
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 that fedhet uses or replaces."""
 

@@ -35,8 +35,9 @@ def load_config(context: Context) -> RunConfig:
 def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` rounds of the configured algorithm."""
     simulation = is_simulation(grid)
-    # replies every 0.1 s (Flower's HTTP grid polls every 3 s)
-    serve(PollingGrid(grid), load_config(context), simulation)
+    cfg = load_config(context)
+    # replies polled when due (Flower's HTTP grid polls every 3 s)
+    serve(PollingGrid(grid, mode=cfg.reply_poll), cfg, simulation)
 
 
 def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:

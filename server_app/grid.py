@@ -1,11 +1,22 @@
-"""A Grid that collects replies every 0.1 s.
+"""A Grid that collects replies when they are due.
 
 Flower 1.42's HTTP grid (what a ServerApp gets in a deployment) polls for replies
 every 3 s inside ``send_and_receive``; the simulation's in-memory grid every 0.1 s.
 :class:`PollingGrid` wraps whichever grid the ServerApp receives and implements
-``send_and_receive`` with the public ``push_messages`` / ``pull_messages`` at a short
-interval, so a deployment round does not wait up to 3 s per phase for nothing. The
-reply objects it pulls are retried with the node side's short backoff
+``send_and_receive`` with the public ``push_messages`` / ``pull_messages``, so a
+deployment round does not wait up to 3 s per phase for nothing, and does not poll
+the SuperLink while no reply can be there either (run-config ``reply-poll``):
+
+* ``informed`` (default): a phase ends with its last reply, so early replies cost
+  nothing by waiting. The grid remembers how long each kind of phase (``train``,
+  ``evaluate``, ...) took to its last reply, and polls ever closer to
+  :data:`LEAD` x that time (each wait half the time left), then every
+  ``interval``, backing off by :data:`GROWTH` per second overdue, at most
+  :data:`CAP_S`. With no history (a run's first round) it backs off from the push on.
+* ``fixed``: every ``interval`` (0.1 s) from the push on;
+* ``flower``: Flower's own ``send_and_receive`` (3 s in a deployment).
+
+The reply objects it pulls are retried with the node side's short backoff
 (``common.flower_runtime.PULL_BACKOFF``: 0.05 s doubling to 0.5 s, not Flower's 1 s
 doubling to 10 s).
 """
@@ -21,13 +32,36 @@ from flwr.supercore.run import Run
 
 from common.flower_runtime import fast_object_pulls
 
+REPLY_POLLS = ("informed", "fixed", "flower")
+LEAD = 0.8
+"""Fast polls start at this share of the phase's expected time to its last reply."""
+GROWTH = 0.05
+"""An overdue phase's poll interval grows by this many seconds per second overdue."""
+CAP_S = 3.0
+"""The longest wait between two polls (Flower's own interval)."""
+
+
+def reply_wait(interval: float, elapsed: float, expected: float | None) -> float:
+    """How long to wait before the next poll, ``elapsed`` seconds into a phase whose
+    last reply is expected ``expected`` seconds after the push (None: unknown)."""
+    if expected is not None and elapsed < LEAD * expected:
+        return min(CAP_S, max(interval, (LEAD * expected - elapsed) / 2))
+    overdue = elapsed - (LEAD * expected if expected is not None else 0.0)
+    return min(CAP_S, interval + GROWTH * overdue)
+
 
 class PollingGrid(Grid):
-    """``grid`` with ``send_and_receive`` polling every ``interval`` seconds; every
-    other method is the wrapped grid's."""
+    """``grid`` with ``send_and_receive`` polling by ``mode`` (:data:`REPLY_POLLS`);
+    every other method is the wrapped grid's."""
 
-    def __init__(self, grid: Grid, interval: float = 0.1) -> None:
-        self._grid, self._interval = grid, interval
+    def __init__(self, grid: Grid, interval: float = 0.1, mode: str = "informed") -> None:
+        if mode not in REPLY_POLLS:
+            raise ValueError(f"reply-poll {mode!r}: choose one of {list(REPLY_POLLS)}")
+        self._grid, self._interval, self.mode = grid, interval, mode
+        self.expected: dict[str, float] = {}
+        """Phase kind -> seconds from its push to its last reply, last time."""
+        self.polls = 0
+        """Reply polls sent so far (``pull_messages`` calls)."""
         fast_object_pulls("flwr.superlink.grid.http_grid", "pull_objects")
 
     def set_run(self, run: Run) -> None:
@@ -52,16 +86,32 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        """Push, then pull every ``interval`` s until every reply is in or
-        ``timeout`` (seconds, None: no limit) has passed."""
+        """Push, then pull (by :attr:`mode`) until every reply is in or ``timeout``
+        (seconds, None: no limit) has passed."""
+        if self.mode == "flower":
+            return self._grid.send_and_receive(messages, timeout=timeout)
+        messages = list(messages)
+        kind = str(messages[0].metadata.message_type).split(".")[0] if messages else ""
+        expected = self.expected.get(kind) if self.mode == "informed" else None
+        start = time.monotonic()
         pending = set(self.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else start + timeout
         replies: list[Message] = []
         while pending:
             got = list(self.pull_messages(pending))
+            self.polls += 1
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
+            now = time.monotonic()
+            if not pending:
+                self.expected[kind] = now - start
                 break
-            time.sleep(self._interval)
+            if deadline is not None and now >= deadline:
+                break
+            wait = (
+                reply_wait(self._interval, now - start, expected)
+                if self.mode == "informed"
+                else self._interval
+            )
+            time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - now)))
         return replies

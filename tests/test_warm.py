@@ -107,6 +107,70 @@ def test_polling_grid_stops_at_the_timeout() -> None:
     assert replies == [] and 0.3 <= time.monotonic() - start < 1.0
 
 
+def test_reply_wait_closes_in_on_the_expected_last_reply() -> None:
+    from server_app.grid import CAP_S, GROWTH, LEAD, reply_wait
+
+    assert reply_wait(0.1, 0.0, None) == pytest.approx(0.1)  # unknown: from the push
+    assert reply_wait(0.1, 10.0, None) == pytest.approx(0.1 + GROWTH * 10.0)
+    assert reply_wait(0.1, 0.0, 5.0) == pytest.approx(LEAD * 5.0 / 2)  # half the way
+    assert reply_wait(0.1, 0.0, 10.0) == CAP_S  # never longer than Flower's interval
+    assert reply_wait(0.1, 6.0, 10.0) == pytest.approx((LEAD * 10.0 - 6.0) / 2)
+    assert reply_wait(0.1, 7.95, 10.0) == pytest.approx(0.1)  # close: the interval
+    assert reply_wait(0.1, 8.0, 10.0) == pytest.approx(0.1)  # due
+    assert reply_wait(0.1, 18.0, 10.0) == pytest.approx(0.1 + GROWTH * 10.0)  # overdue
+    assert reply_wait(0.1, 0.0, 1000.0) == CAP_S
+    assert reply_wait(0.1, 1e5, 10.0) == CAP_S
+
+
+class TimedGrid(SlowGrid):
+    """Each message's reply is there ``delay`` seconds after its push."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__([])
+        self.delay, self.pushed = delay, 0.0
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        self.pushed = time.monotonic()
+        return super().push_messages(messages)
+
+    def pull_messages(self, ids):  # type: ignore[no-untyped-def]
+        ready = time.monotonic() - self.pushed >= self.delay
+        self.batches = [len(list(ids))] if ready else [0]
+        return super().pull_messages(ids)
+
+
+@pytest.mark.parametrize("mode", ["informed", "fixed"])
+def test_informed_reply_polls_wait_for_the_phase_they_learnt(mode: str) -> None:
+    """The second phase of a kind polls a few times before its replies are due (fixed:
+    every interval) and still collects them within about one interval."""
+    inner = TimedGrid(1.2)
+    grid = PollingGrid(inner, interval=0.05, mode=mode)  # type: ignore[arg-type]
+    msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(2)]
+    assert len(list(grid.send_and_receive(msgs, timeout=10))) == 2
+    if mode == "informed":
+        assert grid.expected["train"] == pytest.approx(1.2, abs=0.3)
+    inner.pulls = []
+    start = time.monotonic()
+    assert len(list(grid.send_and_receive(msgs, timeout=10))) == 2
+    late = time.monotonic() - start - 1.2
+    early = sum(1 for t in inner.pulls if t - start < 1.2)
+    if mode == "informed":
+        assert early <= 12 and late < 0.25
+    else:
+        assert early >= 18
+
+
+def test_reply_poll_flower_is_flowers_own_grid() -> None:
+    class Inner:
+        def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+            return ["flower", timeout]
+
+    grid = PollingGrid(Inner(), mode="flower")  # type: ignore[arg-type]
+    assert grid.send_and_receive([], timeout=7) == ["flower", 7]
+    with pytest.raises(ValueError, match="reply-poll"):
+        PollingGrid(Inner(), mode="slow")  # type: ignore[arg-type]
+
+
 @pytest.mark.slow  # a real warm parent: imports torch in a fork server
 def test_the_warm_parent_preloads_the_optimiser_imports_and_starts_no_thread() -> None:
     """After PRELOAD, a process's first torch optimiser imports nothing more (else every
@@ -283,16 +347,21 @@ class _Clock:
         self.now += seconds
 
 
-def test_supernode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
+def _paced(clock: _Clock, fast: bool = False, cap: float | None = None):  # type: ignore[no-untyped-def]
     import types as pytypes
 
-    from cli.pacing import IDLE_GROWTH
     from cli.supernode import PacedSleep
 
-    clock = _Clock()
     real = pytypes.ModuleType("time")
     real.monotonic, real.sleep = clock.monotonic, clock.sleep  # type: ignore[attr-defined]
-    paced = PacedSleep(real, poll=0.05)
+    return PacedSleep(real, poll=0.05, fast=fast, cap=cap)
+
+
+def test_supernode_fast_mode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
+    from cli.pacing import IDLE_GROWTH
+
+    clock = _Clock()
+    paced = _paced(clock, fast=True)
     paced.sleep(0.5)  # inside a task: capped, and the node is active
     assert clock.slept == [0.05]
     paced.sleep(3)  # the first idle pull after it: about the base poll
@@ -308,6 +377,119 @@ def test_supernode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
     assert clock.slept[-2:] == [0.05, pytest.approx(0.05 + IDLE_GROWTH * 0.05)]
 
 
+def test_supernode_polls_when_its_next_message_is_due() -> None:
+    """With no history it backs off from its reply; once it has seen a gap after a
+    reply to a ``train`` message, it waits half the time left to 0.8 x that gap,
+    then polls fast; idle, at most the idle cap."""
+    from cli.pacing import IDLE_GROWTH, LEAD
+
+    clock = _Clock()
+    paced = _paced(clock, cap=10.0)
+    paced.arrived("train")
+    paced.sleep(0.5)  # training; the reply goes out at the end of the waits
+    assert clock.slept == [0.05]
+    paced.sleep(3)  # no gap seen yet: back off from the reply
+    assert clock.slept[-1] == pytest.approx(0.05 + IDLE_GROWTH * 0.05)
+    clock.now = 100.0 + 20.0  # the next message came 20 s after the reply (at 100)
+    paced.arrived("evaluate")
+    assert paced.gaps.expected("train") == pytest.approx(20.0)
+    paced.sleep(0.5)  # evaluating
+    paced.arrived("train")  # (no gap after evaluate replies is known yet)
+    paced.sleep(0.5)
+    reply = clock.now
+    paced.sleep(3)  # right after the train reply: half of the 16 s to the due time
+    assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 2, abs=0.1)
+    paced.sleep(3)
+    assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 4, abs=0.1)
+    clock.now = reply + LEAD * 20.0  # due: fast
+    paced.sleep(3)
+    assert clock.slept[-1] == pytest.approx(0.05, abs=0.01)
+    clock.now = reply + LEAD * 20.0 + 10.0  # 10 s overdue: backing off
+    paced.sleep(3)
+    assert clock.slept[-1] == pytest.approx(0.05 + IDLE_GROWTH * 10.0, abs=0.01)
+    clock.now += 3600.0  # idle for an hour: the cap
+    paced.sleep(3)
+    assert clock.slept[-1] == 10.0
+
+
+def test_a_round_the_node_sat_out_does_not_slow_the_next() -> None:
+    from cli.pacing import GAP_MEMORY, Gaps
+
+    gaps = Gaps()
+    gaps.add("train", 5.0)
+    gaps.add("train", 300.0)  # not sampled for a while
+    assert gaps.expected("train") == 5.0
+    assert gaps.expected("evaluate") is None
+    for _ in range(GAP_MEMORY):
+        gaps.add("train", 7.0)
+    assert gaps.expected("train") == 7.0  # only the last GAP_MEMORY count
+
+
+def test_idle_poll_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli.pacing import fast_polls, idle_poll_s
+
+    monkeypatch.setenv("FEDHET_IDLE_POLL_S", "4.5")
+    assert idle_poll_s() == 4.5
+    monkeypatch.setenv("FEDHET_IDLE_POLL_S", "0")
+    with pytest.raises(SystemExit, match="FEDHET_IDLE_POLL_S"):
+        idle_poll_s()
+    monkeypatch.setenv("FEDHET_NODE_POLL", "slow")
+    with pytest.raises(SystemExit, match="FEDHET_NODE_POLL"):
+        fast_polls()
+
+
+class _Answer:
+    def __init__(self, task: bool) -> None:
+        self.task = task
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - protobuf's name
+        return name == "task" and self.task
+
+
+class _TaskState:
+    def __init__(self, busy: bool = False) -> None:
+        self.busy = busy
+
+    def get_tasks(self, **kwargs: object) -> list[int]:
+        return [1] if self.busy else []
+
+
+def test_node_holds_a_task_request_until_a_message_arrives() -> None:
+    import threading
+    import time as pytime
+
+    from cli.supernode import HeldTasks
+
+    tasks: list[bool] = []
+    calls = []
+
+    def acquire(request: object, state: object) -> _Answer:
+        calls.append(pytime.monotonic())
+        return _Answer(bool(tasks))
+
+    held = HeldTasks(acquire, hold_s=5.0, busy_hold_s=0.2)
+    t0 = pytime.monotonic()
+    assert not held(None, _TaskState(busy=True)).HasField("task")  # a task runs: short
+    assert 0.15 < pytime.monotonic() - t0 < 1.0
+
+    def arrive() -> None:
+        pytime.sleep(0.3)
+        tasks.append(True)
+        held.ring()
+
+    threading.Thread(target=arrive).start()
+    t0 = pytime.monotonic()
+    assert held(None, _TaskState()).HasField("task")  # answered when the message came
+    assert 0.25 < pytime.monotonic() - t0 < 1.5
+    tasks.clear()
+    calls.clear()
+    held.hold_s = 0.3
+    t0 = pytime.monotonic()
+    assert not held(None, _TaskState()).HasField("task")  # nothing came: Flower's answer
+    assert 0.25 < pytime.monotonic() - t0 < 1.5
+    assert len(calls) <= 2  # held, not polled
+
+
 def _pace_only_executor():  # type: ignore[no-untyped-def]
     """A WarmExecutor without its fork server (``pace``, ``reconcile`` and ``watch``
     need only its children and a logger)."""
@@ -317,6 +499,7 @@ def _pace_only_executor():  # type: ignore[no-untyped-def]
 
     ex = object.__new__(WarmExecutor)
     ex._children, ex._last_active = [], pytime.monotonic()
+    ex._asked_at, ex._launched, ex.node_holds, ex._fast = None, False, False, False
     ex._log, ex.logged = lambda level, msg, *args: ex.logged.append(msg % args), []
     return ex
 
@@ -365,6 +548,34 @@ def test_superexec_idle_poll_grows_to_flowers_interval(monkeypatch: pytest.Monke
     clock.now += 3600.0
     ex.pace()
     assert clock.slept[-1] == warm.FLOWER_TASK_POLL_S
+
+
+def test_superexec_asks_again_at_once_when_the_node_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task request the node held (it took >= HELD_S) means the node answers when a
+    task is there: no idle wait; an instant empty answer (Flower's own SuperNode)
+    brings the idle pacing back."""
+    import cli.warm as warm
+
+    clock = _Clock()
+    monkeypatch.setattr(warm.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(warm.time, "sleep", clock.sleep)
+    ex = _pace_only_executor()
+    ex._last_active = clock.now - 10.0
+    ex.pace()
+    assert len(clock.slept) == 1  # idle pacing: no answer seen yet
+    clock.now += warm.HELD_S + 1.0  # the request was held
+    ex.reconcile()
+    assert ex.node_holds
+    clock.slept.clear()
+    ex.pace()
+    assert clock.slept == []  # ask again at once
+    clock.now += 0.01  # answered at once: the node does not hold
+    ex.reconcile()
+    assert not ex.node_holds
+    ex.pace()
+    assert len(clock.slept) == 1
 
 
 # ------------------------------------------------------------ flwr stop: executor

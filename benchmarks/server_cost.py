@@ -1,0 +1,441 @@
+"""What a connected node costs the server and the device: CPU and requests per node.
+
+A loopback federation (``cli.federation.Federation``: SuperLink with TLS + node auth,
+N SuperNodes) runs a tiny workload (``algorithm='local'``, Fashion-MNIST
+``data.fraction``, so that the protocol dominates) for N = 2, 4, 8, 16, in each of
+the modes of :data:`MODES`:
+
+* ``fedhet``: the defaults (``fedhet supernode`` + the warm executor, the ServerApp's
+  informed reply polling);
+* ``fast``: fixed fast polling (the SuperNode and executor at 0.05 s from every
+  reply, the ServerApp every 0.1 s), what fedhet shipped before its polls knew the
+  round;
+* ``stock``: Flower's own SuperNode and SuperExec (a process per message) and its
+  grid interval (3 s).
+
+Measured per federation, first idle (every node online, no run, :data:`IDLE_S`), then
+over one run of ``--rounds`` rounds:
+
+* CPU seconds of each role, exactly, from cgroup v1 ``cpuacct`` groups that every
+  process is moved into as it appears (the SuperLink; the ServerApp with the
+  SuperExec that starts it; the SuperNodes; the executors with their fork servers;
+  the ClientApp task processes);
+* requests the SuperLink received, by path (a counting middleware in the SuperLink
+  process: ``python -m benchmarks.server_cost superlink`` is ``flower-superlink`` with
+  that middleware);
+* each round's latency overhead: its wall time minus the slowest client's training.
+
+From these: CPU cores per connected node (idle and active), requests per node and
+round by kind, and the nodes one server core carries at 30 s and 300 s rounds
+(``1 / (per-node idle cores + per-node active CPU s per round / round length)``; the
+ServerApp counted with the SuperLink).
+
+    python -m benchmarks.server_cost [--nodes 2,4,8,16] [--modes fedhet,fast,stock]
+        [--rounds 5] [--out benchmarks/out/server_cost.json] [--archive]
+
+Needs the cgroup v1 ``cpuacct`` controller writable (root) and Flower's commands on
+PATH (an activated ``.venv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cli.federation import Federation
+from cli.launch import children_map
+
+ROOT = Path(__file__).resolve().parent.parent
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+ROLES = ("superlink", "serverapp", "supernode", "executor", "tasks")
+IDLE_S = 30.0
+SETTLE_S = 15.0
+"""Wait after every node is online (and after the run) before the idle window: the
+nodes' polls slow down to their idle pace."""
+MODES: dict[str, dict[str, Any]] = {
+    "fedhet": {"warm": True, "env": {}, "config": {}},
+    "fast": {
+        "warm": True,
+        "env": {"FEDHET_POLL": "fast"},
+        "config": {"deploy.reply-poll": "fixed"},
+    },
+    "stock": {"warm": False, "env": {}, "config": {"deploy.reply-poll": "flower"}},
+}
+"""How each mode starts its federation (``warm``: the warm executor and ``fedhet
+supernode``), the environment of its processes and its run-config."""
+ROUND_LENGTHS_S = (30.0, 300.0)
+
+
+# ---------------------------------------------------------------------- SuperLink
+class CountRequests:
+    """ASGI middleware: counts requests by path into :attr:`counts`."""
+
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http":
+            path = str(scope.get("path", ""))
+            with self.lock:
+                self.counts[path] = self.counts.get(path, 0) + 1
+        await self.app(scope, receive, send)
+
+
+def _write_counts(path: Path) -> None:
+    while True:
+        with CountRequests.lock:
+            text = json.dumps(CountRequests.counts)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        time.sleep(0.2)
+
+
+def run_counting_superlink(counts: Path, argv: list[str]) -> None:
+    """``flower-superlink argv`` with :class:`CountRequests` outermost, its counts
+    written to ``counts`` (JSON) every 0.2 s."""
+    import flwr.superlink.extensions as extensions
+    from flwr.superlink.cli.flower_superlink import flower_superlink
+    from starlette.middleware import Middleware
+
+    stock = extensions.get_middleware
+    extensions.get_middleware = lambda: (Middleware(CountRequests), *stock())  # type: ignore[assignment]
+    threading.Thread(target=_write_counts, args=(counts,), daemon=True).start()
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
+
+
+def read_counts(path: Path) -> dict[str, int]:
+    time.sleep(0.5)  # the writer's next pass
+    try:
+        return {k: int(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def request_kind(path: str) -> str:
+    """``/v1/fleet/pull-messages`` -> ``fleet/pull-messages``."""
+    parts = path.strip("/").split("/")
+    return "/".join(parts[1:]) if parts and parts[0].startswith("v") else path.strip("/")
+
+
+class CountingFederation(Federation):
+    """A :class:`Federation` whose SuperLink counts its requests (see
+    :func:`run_counting_superlink`)."""
+
+    counts_path: Path
+
+    def start_superlink(self) -> None:
+        self.counts_path = self.workdir / "superlink-requests.json"
+        real = self.procs.start
+        argv_counts = [sys.executable, "-m", "benchmarks.server_cost", "superlink"]
+
+        def start(name: str, cmd: list[str], cwd: Path | None = None) -> Any:
+            if name == "superlink" and cmd[:1] == ["flower-superlink"]:
+                cmd = [*argv_counts, "--counts", str(self.counts_path), *cmd[1:]]
+                cwd = ROOT
+            return real(name, cmd, cwd)
+
+        self.procs.start = start  # type: ignore[method-assign]
+        try:
+            super().start_superlink()
+        finally:
+            self.procs.start = real  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------- CPU by role
+class RoleGroups(threading.Thread):
+    """One ``cpuacct`` group per role; every process of the federation is moved into
+    its role's group as it appears (every 0.05 s); a child forked since starts in its
+    parent's group until then. Exact CPU of processes that have ended is kept."""
+
+    def __init__(self, fed: Federation, root: Path = CPUACCT) -> None:
+        super().__init__(daemon=True)
+        self.fed, self.stop = fed, threading.Event()
+        tag = f"fedhet-cost-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.paths = {role: root / f"{tag}-{role}" for role in ROLES}
+        self.root = root
+        self.placed: dict[int, str] = {}
+
+    def __enter__(self) -> RoleGroups:
+        for path in self.paths.values():
+            path.mkdir()
+        self.place()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join()
+        for path in self.paths.values():
+            deadline = time.monotonic() + 15
+            while path.exists():
+                with contextlib.suppress(OSError):
+                    for pid in (path / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError):
+                            (self.root / "cgroup.procs").write_text(pid)
+                    path.rmdir()
+                if time.monotonic() > deadline:
+                    print(f"warning: could not remove {path}", file=sys.stderr)
+                    break
+                time.sleep(0.1)
+
+    @staticmethod
+    def role(root: str, depth: int) -> str:
+        if root == "superlink":
+            return "superlink" if depth == 0 else "serverapp"
+        if root.startswith("superexec"):  # the warm executor: fork server, then tasks
+            return "executor" if depth <= 1 else "tasks"
+        # a SuperNode; a stock one starts its SuperExec, which starts the tasks
+        return ("supernode", "executor")[depth] if depth < 2 else "tasks"
+
+    def place(self) -> None:
+        children = children_map()
+        for name, proc in list(self.fed.procs.procs.items()):
+            todo = [(0, proc.pid)]
+            while todo:
+                depth, pid = todo.pop()
+                todo += [(depth + 1, c) for c in children.get(pid, [])]
+                role = self.role(name, depth)
+                if self.placed.get(pid) != role:
+                    with contextlib.suppress(OSError):
+                        (self.paths[role] / "cgroup.procs").write_text(str(pid))
+                        self.placed[pid] = role
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.place()
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds per role so far."""
+        return {
+            role: int((path / "cpuacct.usage").read_text()) / 1e9
+            for role, path in self.paths.items()
+        }
+
+
+def minus(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b)}
+
+
+# ---------------------------------------------------------------------- one federation
+def run_overrides(out: Path, cache: Path, rounds: int, config: Mapping[str, Any]) -> dict:
+    return {
+        "algorithm": "local",
+        "num-server-rounds": rounds,
+        "data.fraction": 0.05,
+        "out-dir": str(out),
+        "data.cache-dir": str(cache),
+        "round-timeout": 600.0,
+        **config,
+    }
+
+
+def round_overheads(results: dict) -> list[float]:
+    """Each round's wall time minus its slowest client's training time."""
+    out = []
+    for row in results["rounds"]:
+        trains = [c.get("train-time-s") or 0.0 for c in row.get("client-train", {}).values()]
+        out.append(row["round-time-s"] - max(trains, default=0.0))
+    return out
+
+
+def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict[str, Any]:
+    spec = MODES[mode]
+    configs = [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)]
+    saved = {k: os.environ.get(k) for k in spec["env"]}
+    os.environ.update(spec["env"])
+    try:
+        fed = CountingFederation(work / f"fed-{mode}-{nodes}", configs, ROOT, warm=spec["warm"])
+        with fed, RoleGroups(fed) as groups:
+            time.sleep(SETTLE_S)
+            c0, r0 = groups.usage(), read_counts(fed.counts_path)
+            time.sleep(IDLE_S)
+            c1, r1 = groups.usage(), read_counts(fed.counts_path)
+            out = work / f"run-{mode}-{nodes}"
+            t0 = time.monotonic()
+            outcome = fed.run(run_overrides(out, cache, rounds, spec["config"]), timeout=1800)
+            wall = time.monotonic() - t0
+            c2, r2 = groups.usage(), read_counts(fed.counts_path)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if not outcome.ok:
+        raise SystemExit(f"{mode} N={nodes}: run {outcome.status} ({outcome.log_path})")
+    results = json.loads((out / "results.json").read_text())
+    idle_cpu, active_cpu = minus(c1, c0), minus(c2, c1)
+    idle_req, active_req = minus(r1, r0), minus(r2, r1)
+    overheads = round_overheads(results)
+    return {
+        "mode": mode,
+        "nodes": nodes,
+        "rounds": rounds,
+        "idle-s": IDLE_S,
+        "run-wall-s": wall,
+        "round-time-s": [r["round-time-s"] for r in results["rounds"]],
+        "round-overhead-s": overheads,
+        "median-round-overhead-s": statistics.median(overheads[1:] or overheads),
+        "idle-cpu-s": idle_cpu,
+        "active-cpu-s": active_cpu,
+        "idle-requests": {request_kind(k): v for k, v in sorted(idle_req.items()) if v},
+        "active-requests": {request_kind(k): v for k, v in sorted(active_req.items()) if v},
+    }
+
+
+# ---------------------------------------------------------------------- summary
+def per_node(row: dict[str, Any]) -> dict[str, Any]:
+    """Cores per node (idle, active), CPU s per node-round, requests per node-round."""
+    n, rounds, wall = row["nodes"], row["rounds"], row["run-wall-s"]
+    idle, active = row["idle-cpu-s"], row["active-cpu-s"]
+    server_idle = idle["superlink"] + idle["serverapp"]
+    server_active = active["superlink"] + active["serverapp"]
+    node_idle = idle["supernode"] + idle["executor"] + idle["tasks"]
+    node_active = active["supernode"] + active["executor"] + active["tasks"]
+    return {
+        "superlink-idle-core-per-node": idle["superlink"] / IDLE_S / n,
+        "superlink-active-core-per-node": active["superlink"] / wall / n,
+        "server-idle-core-per-node": server_idle / IDLE_S / n,
+        "server-active-core-per-node": server_active / wall / n,
+        "server-cpu-s-per-node-round": server_active / n / rounds,
+        "node-idle-core": node_idle / IDLE_S / n,
+        "node-active-core": node_active / wall / n,
+        "node-protocol-active-core": (active["supernode"] + active["executor"]) / wall / n,
+        "node-protocol-idle-core": (idle["supernode"] + idle["executor"]) / IDLE_S / n,
+        "task-cpu-s-per-node-round": active["tasks"] / n / rounds,
+        "node-cpu-s-per-round": node_active / n / rounds,
+        "requests-per-node-round": {k: v / n / rounds for k, v in row["active-requests"].items()},
+        "idle-requests-per-node-s": {k: v / n / IDLE_S for k, v in row["idle-requests"].items()},
+    }
+
+
+def carried(summary: dict[str, Any], round_s: float) -> float:
+    """Nodes one server core carries at rounds of ``round_s`` seconds: the per-node
+    idle cost all the time plus the per-node active CPU of a round once per round."""
+    per = summary["server-idle-core-per-node"] + summary["server-cpu-s-per-node-round"] / round_s
+    return 1.0 / per if per > 0 else float("inf")
+
+
+def table(rows: Iterable[dict[str, Any]]) -> str:
+    head = (
+        "| mode | nodes | SuperLink core/node active | idle | ServerApp+SuperLink CPU s "
+        "per node-round | node cores active (protocol) | idle | round overhead s (median) "
+        "| Fleet requests per node-round | nodes per server core at 30 s / 300 s rounds |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for row in rows:
+        s = row["per-node"]
+        fleet = sum(v for k, v in s["requests-per-node-round"].items() if k.startswith("fleet/"))
+        lines.append(
+            f"| {row['mode']} | {row['nodes']} | {s['superlink-active-core-per-node']:.4f} "
+            f"| {s['superlink-idle-core-per-node']:.4f} | {s['server-cpu-s-per-node-round']:.3f} "
+            f"| {s['node-active-core']:.3f} ({s['node-protocol-active-core']:.3f}) "
+            f"| {s['node-idle-core']:.4f} | {row['median-round-overhead-s']:.2f} | {fleet:.1f} "
+            f"| {row['carried'][0]:.0f} / {row['carried'][1]:.0f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in MODES:
+        pts = sorted((r["nodes"], r["per-node"]) for r in rows if r["mode"] == mode)
+        if not pts:
+            continue
+        xs = [n for n, _ in pts]
+        ax.plot(
+            xs,
+            [s["server-active-core-per-node"] * n for n, s in pts],
+            marker="o",
+            label=f"{mode}: active",
+        )
+        ax.plot(
+            xs,
+            [s["server-idle-core-per-node"] * n for n, s in pts],
+            marker="x",
+            linestyle="--",
+            label=f"{mode}: idle",
+        )
+    ax.set_xlabel("connected SuperNodes")
+    ax.set_ylabel("SuperLink + ServerApp CPU (cores)")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["superlink"]:
+        ap = argparse.ArgumentParser(prog="server_cost superlink")
+        ap.add_argument("--counts", type=Path, required=True)
+        known, rest = ap.parse_known_args(sys.argv[2:])
+        run_counting_superlink(known.counts, rest)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", default="2,4,8,16")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=IDLE_S, help="seconds of the idle window")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/server_cost.json")
+    ap.add_argument(
+        "--archive",
+        action="store_true",
+        help="also write docs/results/server_cost.{json,md,png}",
+    )
+    args = ap.parse_args()
+    if not (CPUACCT / "cgroup.procs").exists():
+        raise SystemExit(f"needs the cgroup v1 cpuacct controller at {CPUACCT}")
+    if shutil.which("flower-superlink") is None:
+        raise SystemExit("flower-superlink is not on PATH: activate the project's .venv")
+    globals()["IDLE_S"] = args.idle
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in MODES]:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from {list(MODES)}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fedhet-cost-") as tmp:
+        work, cache = Path(tmp), Path(tmp) / "cache"
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            for mode in modes:
+                row = measure(mode, nodes, args.rounds, work, cache)
+                row["per-node"] = per_node(row)
+                row["carried"] = [carried(row["per-node"], s) for s in ROUND_LENGTHS_S]
+                rows.append(row)
+                print(table([row]).splitlines()[-1], flush=True)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({"rows": rows}, indent=1))
+    text = table(rows)
+    print(text)
+    if args.archive:
+        docs = ROOT / "docs/results"
+        (docs / "server_cost.json").write_text(json.dumps({"rows": rows}, indent=1))
+        (docs / "server_cost.md").write_text(text)
+        plot(rows, docs / "server_cost.png")
+
+
+if __name__ == "__main__":
+    main()
