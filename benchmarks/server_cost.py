@@ -61,17 +61,17 @@ ROOT = Path(__file__).resolve().parent.parent
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 ROLES = ("superlink", "serverapp", "supernode", "executor", "tasks")
 IDLE_S = 30.0
-SETTLE_S = 15.0
-"""Wait after every node is online (and after the run) before the idle window: the
-nodes' polls slow down to their idle pace."""
+SETTLE_S = 110.0
+"""Wait after every node is online before the idle window: the nodes' polls slow
+down to their idle pace (``cli/pacing.py``: 10 s after 100 s idle)."""
 MODES: dict[str, dict[str, Any]] = {
     "fedhet": {"warm": True, "env": {}, "config": {}},
     "fast": {
         "warm": True,
         "env": {"FEDHET_POLL": "fast"},
-        "config": {"deploy.reply-poll": "fixed"},
+        "config": {"reply-poll": "fixed"},
     },
-    "stock": {"warm": False, "env": {}, "config": {"deploy.reply-poll": "flower"}},
+    "stock": {"warm": False, "env": {}, "config": {"reply-poll": "flower"}},
 }
 """How each mode starts its federation (``warm``: the warm executor and ``fedhet
 supernode``), the environment of its processes and its run-config."""
@@ -279,7 +279,8 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
             else:
                 os.environ[k] = v
     if not outcome.ok:
-        raise SystemExit(f"{mode} N={nodes}: run {outcome.status} ({outcome.log_path})")
+        tail = outcome.log_path.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{mode} N={nodes}: run {outcome.status}:\n{tail}")
     results = json.loads((out / "results.json").read_text())
     idle_cpu, active_cpu = minus(c1, c0), minus(c2, c1)
     idle_req, active_req = minus(r1, r0), minus(r2, r1)
@@ -289,6 +290,7 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
         "nodes": nodes,
         "rounds": rounds,
         "idle-s": IDLE_S,
+        "settle-s": SETTLE_S,
         "run-wall-s": wall,
         "round-time-s": [r["round-time-s"] for r in results["rounds"]],
         "round-overhead-s": overheads,
@@ -303,26 +305,30 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
 # ---------------------------------------------------------------------- summary
 def per_node(row: dict[str, Any]) -> dict[str, Any]:
     """Cores per node (idle, active), CPU s per node-round, requests per node-round."""
-    n, rounds, wall = row["nodes"], row["rounds"], row["run-wall-s"]
+    n, rounds, wall, idle_s = row["nodes"], row["rounds"], row["run-wall-s"], row["idle-s"]
     idle, active = row["idle-cpu-s"], row["active-cpu-s"]
     server_idle = idle["superlink"] + idle["serverapp"]
     server_active = active["superlink"] + active["serverapp"]
     node_idle = idle["supernode"] + idle["executor"] + idle["tasks"]
     node_active = active["supernode"] + active["executor"] + active["tasks"]
     return {
-        "superlink-idle-core-per-node": idle["superlink"] / IDLE_S / n,
+        "superlink-cpu-ms-per-request": {
+            "idle": 1000 * idle["superlink"] / max(1, sum(row["idle-requests"].values())),
+            "active": 1000 * active["superlink"] / max(1, sum(row["active-requests"].values())),
+        },
+        "superlink-idle-core-per-node": idle["superlink"] / idle_s / n,
         "superlink-active-core-per-node": active["superlink"] / wall / n,
-        "server-idle-core-per-node": server_idle / IDLE_S / n,
+        "server-idle-core-per-node": server_idle / idle_s / n,
         "server-active-core-per-node": server_active / wall / n,
         "server-cpu-s-per-node-round": server_active / n / rounds,
-        "node-idle-core": node_idle / IDLE_S / n,
+        "node-idle-core": node_idle / idle_s / n,
         "node-active-core": node_active / wall / n,
         "node-protocol-active-core": (active["supernode"] + active["executor"]) / wall / n,
-        "node-protocol-idle-core": (idle["supernode"] + idle["executor"]) / IDLE_S / n,
+        "node-protocol-idle-core": (idle["supernode"] + idle["executor"]) / idle_s / n,
         "task-cpu-s-per-node-round": active["tasks"] / n / rounds,
         "node-cpu-s-per-round": node_active / n / rounds,
         "requests-per-node-round": {k: v / n / rounds for k, v in row["active-requests"].items()},
-        "idle-requests-per-node-s": {k: v / n / IDLE_S for k, v in row["idle-requests"].items()},
+        "idle-requests-per-node-s": {k: v / n / idle_s for k, v in row["idle-requests"].items()},
     }
 
 
@@ -401,6 +407,12 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--idle", type=float, default=IDLE_S, help="seconds of the idle window")
+    ap.add_argument(
+        "--settle", type=float, default=SETTLE_S, help="seconds idle before the idle window"
+    )
+    ap.add_argument(
+        "--append", action="store_true", help="keep the rows already in --out (others replaced)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/server_cost.json")
     ap.add_argument(
         "--archive",
@@ -412,11 +424,18 @@ def main() -> None:
         raise SystemExit(f"needs the cgroup v1 cpuacct controller at {CPUACCT}")
     if shutil.which("flower-superlink") is None:
         raise SystemExit("flower-superlink is not on PATH: activate the project's .venv")
-    globals()["IDLE_S"] = args.idle
+    globals()["IDLE_S"], globals()["SETTLE_S"] = args.idle, args.settle
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         raise SystemExit(f"--modes: unknown {unknown}; choose from {list(MODES)}")
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if args.append and args.out.exists():
+        todo = {(m, int(n)) for m in modes for n in args.nodes.split(",")}
+        rows = [
+            r
+            for r in json.loads(args.out.read_text())["rows"]
+            if (r["mode"], r["nodes"]) not in todo
+        ]
     with tempfile.TemporaryDirectory(prefix="fedhet-cost-") as tmp:
         work, cache = Path(tmp), Path(tmp) / "cache"
         for nodes in [int(n) for n in args.nodes.split(",")]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 
-IDLE_GROWTH = 0.05
+IDLE_GROWTH = 0.1
 """While a message is due but has not come, each poll comes ``IDLE_GROWTH`` x the
 time since it became due after the previous one (plus the base poll): 0.05 s at
-first, 0.1 s after 1 s, capped at the idle interval."""
+first, 0.15 s after 1 s, 1 s after about 10 s, the idle cap (10 s) after 100 s."""
+FAST_GROWTH = 0.05
+"""The growth of ``FEDHET_NODE_POLL=fast`` (from every reply, up to Flower's 3 s)."""
 LEAD = 0.8
 """Fast polls start at this share of the expected gap."""
 IDLE_POLL_S = 10.0
@@ -58,10 +60,10 @@ def fast_polls() -> bool:
     return mode == "fast"
 
 
-def idle_interval(base: float, idle_s: float, cap: float) -> float:
+def idle_interval(base: float, idle_s: float, cap: float, growth: float = IDLE_GROWTH) -> float:
     """The poll interval ``idle_s`` seconds after the last task (or after the
     message became due)."""
-    return min(cap, base + IDLE_GROWTH * max(0.0, idle_s))
+    return min(cap, base + growth * max(0.0, idle_s))
 
 
 def informed_interval(base: float, since_s: float, expected_s: float | None, cap: float) -> float:

@@ -31,7 +31,14 @@ from collections.abc import Callable
 from logging import DEBUG, INFO
 from typing import Any
 
-from cli.pacing import Gaps, fast_polls, idle_interval, idle_poll_s, informed_interval
+from cli.pacing import (
+    FAST_GROWTH,
+    Gaps,
+    fast_polls,
+    idle_interval,
+    idle_poll_s,
+    informed_interval,
+)
 from common.flower_runtime import fast_object_pulls, flower_internal, log
 
 SUPERNODE_POLL_S = 0.05
@@ -88,7 +95,7 @@ class PacedSleep(types.ModuleType):
             return min(seconds, self._poll)
         since = now - self.last_active
         if self._fast:
-            return min(seconds, idle_interval(self._poll, since, self._cap))
+            return min(seconds, idle_interval(self._poll, since, self._cap, FAST_GROWTH))
         return informed_interval(self._poll, since, self.gaps.expected(self.replied), self._cap)
 
     def _sleep(self, seconds: float) -> None:
@@ -138,6 +145,33 @@ class HeldTasks:
             return bool(state.get_tasks(statuses=[status.STARTING, status.RUNNING], limit=1))
         except Exception:  # noqa: BLE001 - unknown: hold briefly
             return True
+
+
+class FailedTasks:
+    """The SuperNode's ``push_task_output`` handler (Runtime API): a ClientApp task
+    finished as failed (the warm executor reports a task child that died) gets an
+    error reply for its message at once, as Flower's node does only when the task's
+    token expires (about 60 s later); everything else is Flower's own handler."""
+
+    def __init__(
+        self, push: Callable[..., Any], on_failed: Callable[[], None] | None = None
+    ) -> None:
+        self._push, self._on_failed = push, on_failed
+
+    def __call__(self, request: Any, state: Any, task: Any) -> Any:
+        answer = self._push(request, state, task)
+        failed = flower_internal("flwr.common.constant", "SubStatus").FAILED
+        client_app = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
+        if request.sub_status == failed and task.type == client_app:
+            crashed = flower_internal(NODE_STATE, "CLIENT_APP_CRASHED_ERROR")
+            error = type(crashed)(code=crashed.code, reason=f"ClientApp crashed: {request.details}")
+            state._store_error_replies({task.run_id}, error)
+            log(
+                INFO, "fedhet: task %d failed (%s): error reply sent", task.task_id, request.details
+            )
+            if self._on_failed is not None:
+                self._on_failed()
+        return answer
 
 
 class _TakenReplies:
@@ -313,10 +347,15 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     setattr(module, "time", paced)  # noqa: B010
     fast_object_pulls(name, "pull_objects")
     held: HeldTasks | None = None
+    handlers = importlib.import_module(RUNTIME_HANDLERS)
     if not fast:
-        handlers = RUNTIME_HANDLERS
-        held = HeldTasks(flower_internal(handlers, "acquire_task"))
-        setattr(importlib.import_module(handlers), "acquire_task", held)  # noqa: B010
+        held = HeldTasks(flower_internal(RUNTIME_HANDLERS, "acquire_task"))
+        setattr(handlers, "acquire_task", held)  # noqa: B010
+    failed = FailedTasks(
+        flower_internal(RUNTIME_HANDLERS, "push_task_output"),
+        on_failed=held.ring if held is not None else None,
+    )
+    setattr(handlers, "push_task_output", failed)  # noqa: B010
 
     def arrived(kind: str) -> None:
         paced.arrived(kind)
@@ -336,6 +375,8 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
 
 
+NODE_STATE = "flwr.supernode.nodestate.in_memory_nodestate"
+"""The SuperNode's state (in memory in flwr 1.42.0): its error replies."""
 RUNTIME_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"
 """The SuperNode's Runtime API handlers; its router looks ``acquire_task`` up there
 on every request."""

@@ -36,6 +36,22 @@ class TaskBeat:
         except (httpx.HTTPError, OSError):
             return None
 
+    def fail(self, details: str) -> bool:
+        """Finish the task as failed (what its child would have reported, had it not
+        died): a ``fedhet supernode`` then replies with an error for its message.
+        True when the node accepted it."""
+        from common.flower_runtime import flower_internal
+
+        try:
+            if self._client is None:
+                self._client = self._connect()
+            request = flower_internal("flwr.proto.runtime_pb2", "PushTaskOutputRequest")
+            failed = flower_internal("flwr.common.constant", "SubStatus").FAILED
+            self._client.PushTaskOutput(request(sub_status=failed, details=details))
+            return True
+        except Exception:  # noqa: BLE001 - the node's token expiry still applies
+            return False
+
     def _connect(self) -> Any:
         """A Runtime API client without retries (Flower's retry invoker would signal
         this process on a 401)."""

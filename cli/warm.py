@@ -52,7 +52,7 @@ from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-from cli.pacing import fast_polls, idle_interval
+from cli.pacing import FAST_GROWTH, IDLE_GROWTH, fast_polls, idle_interval
 from cli.taskbeat import TaskBeat
 
 PRELOAD = [
@@ -233,7 +233,8 @@ class WarmExecutor:
             return
         if self.node_holds:
             return
-        extra = idle_interval(0.0, time.monotonic() - self._last_active, FLOWER_TASK_POLL_S)
+        growth = FAST_GROWTH if self._fast else IDLE_GROWTH
+        extra = idle_interval(0.0, time.monotonic() - self._last_active, FLOWER_TASK_POLL_S, growth)
         if extra > 0.001:
             time.sleep(extra)
             self._asked_at = time.monotonic()
@@ -284,6 +285,8 @@ class WarmExecutor:
                     task.task_id,
                     code,
                 )
+            elif not (task.finishing is not None and task.finishing.is_set()):
+                self._report_died(task, code)
             elif code != 0:
                 self._log(
                     WARNING,
@@ -294,6 +297,24 @@ class WarmExecutor:
             task.close()
         self._children = running
         self.watch()
+
+    def _report_died(self, task: TaskChild, code: int | None) -> None:
+        """A child that ended before reporting its task's end (killed, out of memory,
+        crashed): finish its task as failed on the node, which then replies with an
+        error for its message at once (Flower's own path waits for the task token to
+        expire, about 60 s)."""
+        details = f"the ClientApp task process died (exit code {code})"
+        fail = getattr(task.beat, "fail", None)
+        told = bool(fail(details)) if fail is not None else False
+        self._log(
+            WARNING,
+            "fedhet warm executor: task %d ended with exit code %s before its reply; %s",
+            task.task_id,
+            code,
+            "reported it to the node as failed"
+            if told
+            else "the node will notice when its token expires",
+        )
 
     def watch(self) -> None:
         """End the children whose task the node has finished (its run was stopped).

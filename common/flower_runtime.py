@@ -44,6 +44,10 @@ FLOWER_INTERNALS = (
     ("flwr.supercore.interceptors", "RuntimeVersionHttpInterceptor"),
     ("flwr.proto.runtime_pb2", "SendTaskHeartbeatRequest"),
     ("flwr.supernode.servicer.runtime.runtime_handlers", "acquire_task"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "push_task_output"),
+    ("flwr.supernode.nodestate.in_memory_nodestate", "CLIENT_APP_CRASHED_ERROR"),
+    ("flwr.supernode.nodestate.in_memory_nodestate", "InMemoryNodeState"),
+    ("flwr.proto.runtime_pb2", "PushTaskOutputRequest"),
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 that fedhet uses or replaces."""
 

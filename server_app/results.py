@@ -174,6 +174,7 @@ class Recorded(Strategy):
             return None
         row = self._row(server_round + self.offset, now - self._mark)
         self.inner.diagnostics = {}
+        self.inner.size_ratios = {}
         self._mark = now
         self.rounds.append(row)
         self._reset()
@@ -233,6 +234,7 @@ class Recorded(Strategy):
             "client-bytes-up": cur["client-bytes-up"],
             "client-train": {str(k): v for k, v in sorted(self.inner.last_train.items())},
             "server-diagnostics": dict(self.inner.diagnostics),
+            "upload-size-ratio": dict(self.inner.size_ratios),
             "eval-diagnostics": {k: v for k, v in ev.items() if k not in EVAL_SUMMARY},
             "eval-clients": int(ev.get("eval-clients", 0)),
             "client-accuracy": {

@@ -178,6 +178,9 @@ class HeteroStrategy(Strategy):
         """This run's tag, sent with every message: nodes name their personal-model
         files with it, so a new run continues from what an earlier one left and a
         resumed run (the tag is checkpointed) from its own earlier rounds."""
+        self.size_ratios: dict[str, float] = {}
+        """Last training round: partition id -> upload size / the round's median
+        (see :meth:`_screen`)."""
         self.diagnostics: dict[str, Any] = {}
         """What this round's server step measured about itself (written to the round's
         ``server-diagnostics`` in results.json, then cleared)."""
@@ -471,11 +474,20 @@ class HeteroStrategy(Strategy):
         return update_norm(upload.arrays, self.global_arrays)
 
     def _screen(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
-        """Drop uploads far larger than the round's median (``robust.max-norm-ratio``)."""
-        if self.max_norm_ratio <= 0:
-            return uploads
+        """Drop uploads far larger than the round's median (``robust.max-norm-ratio``).
+
+        Each upload's size over the round's median is kept in :attr:`size_ratios`
+        (``upload-size-ratio`` in results.json) whether screening is on or not: the
+        honest distribution the threshold is chosen from."""
         sizes = {u.node.node_id: self.upload_size(u) for u in uploads}
         known = {n: s for n, s in sizes.items() if s is not None}
+        median = statistics.median(known.values()) if known else 0.0
+        pid = {u.node.node_id: u.node.partition_id for u in uploads}
+        self.size_ratios = (
+            {str(pid[n]): v / median for n, v in sorted(known.items())} if median > 0 else {}
+        )
+        if self.max_norm_ratio <= 0:
+            return uploads
         outliers = norm_outliers(known, self.max_norm_ratio)
         for nid, reason in outliers.items():
             log(WARNING, "round %d: dropped reply of node %d: %s", server_round, nid, reason)

@@ -32,6 +32,7 @@ from models.lowrank_state import (
 )
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.clock import node_device
+from strategies.robust import robust_mean
 from strategies.timing import Phases
 
 
@@ -101,6 +102,8 @@ class FedARA(HeteroStrategy):
         self.server_lr = server_lr
         """η in ``W ← W + η (W_rule − W)`` (1: the rule as is)."""
         self._served: dict[Tier, Arrays] = {}
+        self._served_full: dict[Tier, dict[str, torch.Tensor]] = {}
+        """Per tier: what it was served, back at full rank on the global's scale."""
         self._gains: dict[Tier, dict[str, float]] = {}
         """Tier -> layer -> g: the tier was served ``g · W_r`` (``fedara.served-scale``)."""
         self._svds: dict[str, Svd] = {}
@@ -322,8 +325,42 @@ class FedARA(HeteroStrategy):
         return shapes(self.served(self.tier(node)))
 
     def upload_size(self, upload: Upload) -> float | None:
-        """Not screened yet: the size of a factorised reply's reconstructed update."""
-        return None
+        """‖reconstructed reply − reconstructed served tier‖: each factor product back
+        at full rank and divided by the gain its tier was served with, as the rule
+        aggregates it, minus the same of what the node was sent."""
+        tier = self.tier(upload.node)
+        if tier not in self._served_full:
+            self._served_full[tier] = self._full(self._extractor(self.served(tier)), tier)
+        served = self._served_full[tier]
+        mine = self._full(self._extractor(upload.arrays), tier)
+        return math.sqrt(sum(float((mine[k] - served[k]).square().sum()) for k in mine))
+
+    def _full(self, state: dict[str, torch.Tensor], tier: Tier) -> dict[str, torch.Tensor]:
+        """One state at full rank on the global's scale (float64)."""
+        scale = {name: 1 / g for name, g in self.gains(tier).items()}
+        return weighted_reconstruction([state], [1.0], self.layer_shapes, product_scales=[scale])
+
+    def _reconstruct(
+        self, uploads: list[Upload], states: list[dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """The replies' mean at full rank: the sample-weighted mean of the factor
+        products (streamed), or ``robust.aggregate``'s coordinate-wise rule over each
+        reply's own reconstruction."""
+        weights = [u.weight for u in uploads]
+        scales = [
+            {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
+        ]
+        if self.robust_aggregate == "mean":
+            return weighted_reconstruction(
+                states, weights, self.layer_shapes, product_scales=scales
+            )
+        full = [
+            {k: v.numpy() for k, v in self._full(st, self.tier(u.node)).items()}
+            for st, u in zip(states, uploads, strict=True)
+        ]
+        like = {k: v for k, v in full[0].items()}
+        rule = robust_mean(full, weights, like, self.robust_aggregate, self.robust_trim)
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rule.items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         """The rule: every reply back to full rank on the global's scale, the
@@ -332,17 +369,12 @@ class FedARA(HeteroStrategy):
         the server step ``W + η (W_rule − W)``."""
         states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.weight for u in uploads]
-        # each reply's factor product back on the global's scale: divided by its gain
-        scales = [
-            {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
-        ]
         phases = Phases(decompose=self._decompose_s)  # every tier of this state
         with phases("diagnostics"):
             self.diagnostics = self.round_diagnostics(states, weights)
         with phases("reconstruct"):
-            mean = weighted_reconstruction(
-                states, weights, self.layer_shapes, product_scales=scales
-            )
+            # each reply's factor product back on the global's scale: divided by its gain
+            mean = self._reconstruct(uploads, states)
         if self.aggregation in ("delta", "coverage"):
             with phases("residuals"):
                 self._add_served_residuals(mean, uploads)
@@ -363,6 +395,7 @@ class FedARA(HeteroStrategy):
                 before = full[key].double()
                 rule[key] = before + self.server_lr * (value.double() - before)
         self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
+        self._served_full = {}
         self._decompose_s = 0.0
         self._tracked.update(self._current)
         self._current = {}

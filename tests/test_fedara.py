@@ -605,3 +605,70 @@ def test_tracked_truncation_keeps_delta_a_fixed_point_and_resumes() -> None:
             np.testing.assert_array_equal(got[k], served[2][nid][k])
     assert not fresh._tracked and fresh.payload(2, fresh.nodes[104])  # SVD again
     assert not fresh._cores and restored._cores
+
+
+def test_upload_size_is_the_reconstructed_update_to_what_was_served() -> None:
+    """Replying what was served has size 0; doubling one factor adds that layer's
+    served product once (over the gain, as the rule reconstructs it)."""
+    s = fedara([0.5, 0.25, 1.0], **{"fedara.served-scale": "energy"})
+    nid = 101
+    served = {k: v.copy() for k, v in s.payload(1, s.nodes[nid]).items()}
+    upload = next(u for u in _uploads(s, {nid: served}) if u.node.node_id == nid)
+    assert s.upload_size(upload) == pytest.approx(0.0, abs=1e-6)
+    doubled = {**served, "extractor.fc1.u": served["extractor.fc1.u"] * 2}
+    upload = next(u for u in _uploads(s, {nid: doubled}) if u.node.node_id == nid)
+    g = s.gains(s.tier(s.nodes[nid]))["fc1"]
+    product = served["extractor.fc1.u"].astype(np.float64) @ served["extractor.fc1.v"].T
+    assert s.upload_size(upload) == pytest.approx(np.linalg.norm(product) / g, rel=1e-4)
+
+
+def _uploads(s: FedARA, replies: dict[int, dict[str, np.ndarray]]) -> list:  # type: ignore[type-arg]
+    """The validated uploads of ``replies`` (node id -> arrays), 100 samples each."""
+    from strategies.replies import train_upload
+
+    return [
+        train_upload(reply(nid, arrays, 100), s.nodes[nid])[0] for nid, arrays in replies.items()
+    ]
+
+
+def test_fedara_median_is_taken_per_reconstructed_update() -> None:
+    """``robust.aggregate = median`` under the ``reconstruct`` rule: the coordinate-wise
+    median of each reply's own full-rank reconstruction (over its gain), so one huge
+    reply moves nothing."""
+    s = fedara(
+        [0.5, 0.25, 1.0],
+        **{
+            "fedara.aggregation": "reconstruct",
+            "fedara.served-scale": "energy",
+            "robust.aggregate": "median",
+        },
+    )
+    uploads = _random_uploads(s, seed=3)
+    uploads[2] = {k: v * 1e4 for k, v in uploads[2].items()}
+    gains = [s.gains(s.tier(s.nodes[nid])) for nid in (100, 101, 102)]
+    full = [_unscale(_rebuilt(s, up), g) for up, g in zip(uploads, gains, strict=True)]
+    sized(s, {100: 100, 101: 100, 102: 100})
+    arrays, _ = s.aggregate_train(
+        1, [reply(n, u, 100) for n, u in zip((100, 101, 102), uploads, strict=True)]
+    )
+    got = to_numpy(arrays)
+    for k in got:
+        want = np.median(np.stack([f[k] for f in full]), axis=0)
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-4)
+    assert max(float(np.abs(v).max()) for v in got.values()) < 100
+
+
+def test_fedara_screens_a_huge_reconstructed_update() -> None:
+    s = fedara([0.5, 0.25, 1.0, 0.5], **{"robust.max-norm-ratio": 5.0})
+    uploads = [
+        {k: v.copy() for k, v in s.payload(1, s.nodes[nid]).items()} for nid in sorted(s.nodes)
+    ]
+    rng = np.random.default_rng(0)
+    uploads = [{k: v + 0.01 * rng.normal(size=v.shape) for k, v in u.items()} for u in uploads]
+    uploads = [{k: v.astype(np.float32) for k, v in u.items()} for u in uploads]
+    uploads[1] = {k: v * 1e6 for k, v in uploads[1].items()}
+    sized(s, {nid: 100 for nid in s.nodes})
+    s.aggregate_train(1, [reply(n, u, 100) for n, u in zip(sorted(s.nodes), uploads, strict=True)])
+    assert [n for _, n, _ in s.rejected] == [101]
+    assert "robust.max-norm-ratio" in s.rejected[0][2]
+    assert set(s.size_ratios) == {"0", "1", "2", "3"} and s.size_ratios["1"] > 1e4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -358,7 +359,7 @@ def _paced(clock: _Clock, fast: bool = False, cap: float | None = None):  # type
 
 
 def test_supernode_fast_mode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
-    from cli.pacing import IDLE_GROWTH
+    from cli.pacing import FAST_GROWTH as IDLE_GROWTH
 
     clock = _Clock()
     paced = _paced(clock, fast=True)
@@ -693,6 +694,95 @@ def test_a_child_that_outlives_sigterm_is_killed() -> None:
         assert any("outlived SIGTERM" in m for m in ex.logged)
     finally:
         _reap(stubborn)
+
+
+class _Beat:
+    """A task heartbeat that records the failures reported through it."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def __call__(self) -> bool:
+        return True
+
+    def fail(self, details: str) -> bool:
+        self.failed.append(details)
+        return True
+
+
+def test_a_child_that_died_before_its_reply_is_reported_failed_at_once() -> None:
+    """A child killed while its task runs (it never set ``finishing``) is reported to
+    the node as failed as soon as it is collected; one that reported its end, or that
+    the executor ended after its run stopped, is not."""
+    import multiprocessing
+    import signal
+    import time as pytime
+
+    from cli.warm import TaskChild
+
+    ctx = multiprocessing.get_context("fork")
+    ex = _pace_only_executor()
+    killed = ctx.Process(target=_sleeper, args=(30,))
+    done = ctx.Process(target=pytime.sleep, args=(0.0,))
+    for process in (killed, done):
+        process.start()
+    finishing = ctx.Event()
+    finishing.set()
+    beats = [_Beat(), _Beat()]
+    ex._children = [
+        TaskChild(1, killed, beats[0], pytime.monotonic() + 60, ctx.Event()),
+        TaskChild(2, done, beats[1], pytime.monotonic() + 60, finishing),
+    ]
+    try:
+        os.kill(killed.pid, signal.SIGKILL)
+        t0 = pytime.monotonic()
+        while ex._children and pytime.monotonic() - t0 < 5:
+            _drive(ex, 0.05)
+        assert pytime.monotonic() - t0 < 1.0
+        assert beats[0].failed == [f"the ClientApp task process died (exit code {-signal.SIGKILL})"]
+        assert beats[1].failed == []
+        assert any("reported it to the node as failed" in m for m in ex.logged)
+    finally:
+        _reap(killed, done)
+
+
+def test_the_node_answers_a_failed_client_task_with_an_error_reply() -> None:
+    """``FailedTasks`` (the SuperNode's ``push_task_output``): a ClientApp task
+    finished as failed stores an error reply for its run's message and rings the held
+    task requests; any other output is only Flower's handler."""
+    import types as pytypes
+
+    from flwr.common.constant import SubStatus
+    from flwr.supercore.constant import TaskType
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    from cli.supernode import FailedTasks
+
+    assert callable(InMemoryNodeState._store_error_replies)  # what FailedTasks calls
+    pushed, rings = [], []
+
+    class State:
+        def __init__(self) -> None:
+            self.errors: list[tuple[set[int], object]] = []
+
+        def _store_error_replies(self, run_ids: set[int], error: object) -> None:
+            self.errors.append((run_ids, error))
+
+    handler = FailedTasks(
+        lambda *a: pushed.append(a) or "answer", on_failed=lambda: rings.append(1)
+    )
+    state = State()
+    task = pytypes.SimpleNamespace(type=TaskType.CLIENT_APP, run_id=7, task_id=3)
+    failed = pytypes.SimpleNamespace(sub_status=SubStatus.FAILED, details="died (exit code -9)")
+    assert handler(failed, state, task) == "answer" and len(pushed) == 1
+    [(run_ids, error)] = state.errors
+    assert run_ids == {7} and "died (exit code -9)" in error.reason  # type: ignore[attr-defined]
+    assert rings == [1]
+    completed = pytypes.SimpleNamespace(sub_status=SubStatus.COMPLETED, details="")
+    handler(completed, state, task)
+    agent = pytypes.SimpleNamespace(type=TaskType.AGENT_APP, run_id=7, task_id=4)
+    handler(failed, state, agent)
+    assert len(state.errors) == 1 and rings == [1] and len(pushed) == 3
 
 
 def test_the_task_heartbeat_reads_a_revoked_token_as_finished(
