@@ -42,7 +42,21 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "lgfedavg": {},
     "fedre": {},
     "fedara": {},
+    "fedlora": {},
+    "fml": {},
+    "fedkd": {},
+    "fedproto": {},
+    "fedgh": {},
+    "fedtgp": {},
 }
+"""Every algorithm whose clients upload something (``local`` uploads nothing). The
+first four have every row; the others the clean row and the attack rows."""
+MALFORMED_ALGORITHMS = ("fedavg", "lgfedavg", "fedre", "fedara")
+PROTOTYPE_ALGORITHMS = ("fedre", "fedproto", "fedgh", "fedtgp")
+"""Algorithms whose uploads are per-class (prototypes; FedRE's soft labels): they
+also get the wrong-class row."""
+ROBUST: dict[str, Any] = {"robust.aggregate": "median"}
+"""The robust options of a ``..., robust`` row (with the default screening)."""
 KEYS = ("round", "accuracy", "loss", "valid-replies")
 RESUMED = "server killed at round 5, resumed"
 
@@ -110,6 +124,111 @@ FAULTS: dict[str, Fault] = {
 }
 
 
+def _served(request: Any) -> dict[str, np.ndarray]:
+    from common.records import to_numpy
+
+    records = request.content.array_records
+    return to_numpy(records["arrays"]) if "arrays" in records else {}
+
+
+def _attack(make: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict]) -> Fault:
+    """A hostile reply built from the honest one and what the node was sent."""
+
+    def fault(reply: Any, request: Any) -> Any:
+        from flwr.app import Message, RecordDict
+
+        from common.records import to_numpy, to_record
+
+        if reply.has_error():
+            return reply
+        up = to_numpy(reply.content.array_records["arrays"])
+        arrays = {k: v.astype(up[k].dtype) for k, v in make(up, _served(request)).items()}
+        metrics = reply.content.metric_records["metrics"]
+        return Message(
+            RecordDict({"arrays": to_record(arrays), "metrics": metrics}), reply_to=request
+        )
+
+    return fault
+
+
+def _base(key: str, value: np.ndarray, served: dict[str, np.ndarray]) -> np.ndarray:
+    """What an upload's array is an update to: the served array of the same key and
+    shape (parameter uploads), else zero (prototypes, representations, FedKD's
+    update factors)."""
+    ref = served.get(key)
+    if ref is not None and ref.shape == value.shape:
+        return ref.astype(np.float64)
+    return np.zeros(value.shape)
+
+
+def _flip(up: dict[str, np.ndarray], served: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every update sign-flipped (``2 served - upload``; of a factor pair only the
+    left factor, so that its product flips)."""
+    from common.messages import FACTOR_VT
+
+    out = {}
+    for k, v in up.items():
+        if k.endswith(FACTOR_VT) or k.endswith(".v"):
+            out[k] = v
+        else:
+            base = _base(k, v, served)
+            out[k] = 2 * base - v.astype(np.float64)
+    return out
+
+
+PUSH_SCALE = 10.0
+"""A crafted push: the honest upload plus one fixed direction (the same for every
+attacker) of ``PUSH_SCALE`` x the honest update's norm."""
+
+
+def _push(up: dict[str, np.ndarray], served: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1234)  # the same direction for every attacker
+    direction = {k: rng.standard_normal(v.shape) for k, v in sorted(up.items())}
+    norm = np.sqrt(sum(float(np.square(d).sum()) for d in direction.values()))
+    honest = np.sqrt(sum(float(np.square(v - _base(k, v, served)).sum()) for k, v in up.items()))
+    size = PUSH_SCALE * max(honest, 1e-3)
+    return {k: v.astype(np.float64) + size * direction[k] / norm for k, v in up.items()}
+
+
+def _wrong_class(up: dict[str, np.ndarray], served: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each class's prototype sent as the next class's (FedRE: its soft labels
+    shifted by one class)."""
+    from common.messages import PROTO, SOFT_LABEL
+
+    protos = sorted((k for k in up if k.startswith(PROTO)), key=lambda k: int(k[len(PROTO) :]))
+    out = dict(up)
+    for k, nxt in zip(protos, protos[1:] + protos[:1], strict=True):
+        out[k] = up[nxt]
+    if SOFT_LABEL in up:
+        out[SOFT_LABEL] = np.roll(up[SOFT_LABEL], 1, axis=1)
+    return out
+
+
+ATTACKS: dict[str, Fault] = {
+    "1e6-scaled (one client)": _attack(lambda up, _: {k: v * 1e6 for k, v in up.items()}),
+    "sign-flipped": _attack(_flip),
+    "crafted push": _attack(_push),
+    "wrong-class prototypes": _attack(_wrong_class),
+}
+"""Finite, well-formed poison: each from 20 % of the clients (the first from
+partition 0 only)."""
+
+
+def rows_of(algorithm: str) -> list[str]:
+    """The rows ``algorithm`` runs: every fault for the first four algorithms, then
+    the attacks with the defaults and with :data:`ROBUST` (and the clean run with it)."""
+    rows = ["clean"]
+    if algorithm in MALFORMED_ALGORITHMS:
+        rows += [*FAULTS, "crash", "straggler past round-timeout", RESUMED]
+    attacks = [a for a in ATTACKS if a != "wrong-class prototypes"]
+    if algorithm in PROTOTYPE_ALGORITHMS:
+        attacks.append("wrong-class prototypes")
+    rows.append("clean, robust")
+    for attack in attacks:
+        rows += [attack, f"{attack}, robust"]
+    return rows
+
+
 FRACTION = 0.05
 """Default share of Fashion-MNIST the 20 clients split."""
 
@@ -130,8 +249,10 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
         "train.batch-size": 10,
         "round-timeout": 60.0,
         **ALGORITHMS[algorithm],
-        "out-dir": str(tmp / algorithm / row.replace(" ", "-")),
+        **(ROBUST if row.endswith(", robust") else {}),
+        "out-dir": str(tmp / algorithm / row.replace(" ", "-").replace(",", "")),
     }
+    fault_name = row.removesuffix(", robust")
 
     class Grid(FakeGrid):
         """The in-process grid with this row's fault."""
@@ -156,9 +277,10 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
 
     run_config = small_config(tmp, **overrides)
     grid = Grid(client_app, run_config, NODES)
-    if row in FAULTS:
-        fault = FAULTS[row]
-        for pid in HOSTILE:  # the request is the message just sent to that node
+    fault = FAULTS.get(fault_name) or ATTACKS.get(fault_name)
+    if fault is not None:
+        hostile = HOSTILE[:1] if fault_name.startswith("1e6") else HOSTILE
+        for pid in hostile:  # the request is the message just sent to that node
             grid.faults[grid.node_of_partition(pid)] = lambda r: fault(r, grid.sent[-1])
     cfg = parse_run_config(run_config)
     try:
@@ -187,6 +309,7 @@ REASONS = (
     "wrong keys",
     "wrong shape",
     "error reply",
+    "robust.max-norm-ratio",
 )
 
 
@@ -215,17 +338,11 @@ def main() -> None:
     )
     args = ap.parse_args()
     task_identity()
-    rows = [
-        "clean",
-        *FAULTS,
-        "crash",
-        "straggler past round-timeout",
-        "server killed at round 5, resumed",
-    ]
-    wanted = [r for r in args.rows.split(",") if r] or rows
-    unknown = set(wanted) - set(rows)
+    every = sorted({r for a in ALGORITHMS for r in rows_of(a)})
+    wanted = [r for r in args.rows.split(",") if r] or every
+    unknown = set(wanted) - set(every)
     if unknown:
-        raise SystemExit(f"unknown rows {sorted(unknown)}; rows: {rows}")
+        raise SystemExit(f"unknown rows {sorted(unknown)}; rows: {every}")
     algorithms = args.algorithms.split(",")
     kept: dict[tuple[str, str], dict[str, Any]] = {}
     if args.rows or set(algorithms) != set(ALGORITHMS):
@@ -239,12 +356,14 @@ def main() -> None:
     table = []
     with tempfile.TemporaryDirectory() as tmp:
         for algorithm in ALGORITHMS:
-            if algorithm not in algorithms:
+            rows = rows_of(algorithm)
+            todo = [r for r in rows if r in wanted and algorithm in algorithms]
+            if not todo:
                 table += [kept[(algorithm, r)] for r in rows if (algorithm, r) in kept]
                 continue
             clean = run_row(Path(tmp), algorithm, "clean", args.fraction)
             for row in rows:
-                if row not in wanted:
+                if row not in todo:
                     if (algorithm, row) in kept:
                         table.append(kept[(algorithm, row)])
                     continue
@@ -262,6 +381,11 @@ def main() -> None:
                 }
                 table.append(entry)
                 print(json.dumps(entry), flush=True)
+                write(args, table)
+    write(args, table)
+
+
+def write(args: argparse.Namespace, table: list[dict[str, Any]]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -105,7 +105,8 @@ class PacedSleep(types.ModuleType):
 class HeldTasks:
     """The SuperNode's ``acquire_task`` handler (Runtime API), held while there is no
     task: it answers as soon as :meth:`ring` tells it that a message arrived (or a
-    task was finished), or after ``hold_s`` with Flower's own empty answer."""
+    task was finished), or after ``hold_s`` with Flower's own empty answer. A request
+    without capacity (an executor busy with its tasks) is answered at once."""
 
     def __init__(
         self,
@@ -125,6 +126,8 @@ class HeldTasks:
             self._cond.notify_all()
 
     def __call__(self, request: Any, state: Any) -> Any:
+        if not request.supported_task_types and not request.agentapp_fab_hashes:
+            return self._acquire(request, state)  # no capacity: Flower answers at once
         deadline = self._clock() + (self.busy_hold_s if self._busy(state) else self.hold_s)
         while True:
             with self._cond:

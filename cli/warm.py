@@ -213,6 +213,11 @@ class WarmExecutor:
     ) -> tuple[set[Any], set[str]]:
         del insecure, root_certificates_path
         self.pace()
+        if any(t.process.exitcode is None for t in self._children):
+            # busy: ask for nothing, so a node that holds task requests answers at once
+            # and the running children are watched (heartbeats, a stop, a death)
+            self._launched = True  # (an answer that tells nothing about holding)
+            return set(), set()
         return supported_task_types, set()
 
     def pace(self) -> None:
@@ -240,7 +245,8 @@ class WarmExecutor:
             self._asked_at = time.monotonic()
 
     def _note_answer(self) -> None:
-        """At the top of Flower's loop: how long the last task request took."""
+        """At the top of Flower's loop: how long the last task request took (not
+        after a launch or a request without capacity)."""
         if self._asked_at is None or self._launched or self._fast:
             return
         self.node_holds = time.monotonic() - self._asked_at >= HELD_S

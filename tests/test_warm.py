@@ -468,9 +468,16 @@ def test_node_holds_a_task_request_until_a_message_arrives() -> None:
         calls.append(pytime.monotonic())
         return _Answer(bool(tasks))
 
+    import types as pytypes
+
+    ask = pytypes.SimpleNamespace(supported_task_types=["clientapp"], agentapp_fab_hashes=[])
+    busy = pytypes.SimpleNamespace(supported_task_types=[], agentapp_fab_hashes=[])
     held = HeldTasks(acquire, hold_s=5.0, busy_hold_s=0.2)
     t0 = pytime.monotonic()
-    assert not held(None, _TaskState(busy=True)).HasField("task")  # a task runs: short
+    assert not held(busy, _TaskState()).HasField("task")  # no capacity: at once
+    assert pytime.monotonic() - t0 < 0.1
+    t0 = pytime.monotonic()
+    assert not held(ask, _TaskState(busy=True)).HasField("task")  # a task runs: short
     assert 0.15 < pytime.monotonic() - t0 < 1.0
 
     def arrive() -> None:
@@ -480,13 +487,13 @@ def test_node_holds_a_task_request_until_a_message_arrives() -> None:
 
     threading.Thread(target=arrive).start()
     t0 = pytime.monotonic()
-    assert held(None, _TaskState()).HasField("task")  # answered when the message came
+    assert held(ask, _TaskState()).HasField("task")  # answered when the message came
     assert 0.25 < pytime.monotonic() - t0 < 1.5
     tasks.clear()
     calls.clear()
     held.hold_s = 0.3
     t0 = pytime.monotonic()
-    assert not held(None, _TaskState()).HasField("task")  # nothing came: Flower's answer
+    assert not held(ask, _TaskState()).HasField("task")  # nothing came: Flower's answer
     assert 0.25 < pytime.monotonic() - t0 < 1.5
     assert len(calls) <= 2  # held, not polled
 
@@ -577,6 +584,25 @@ def test_superexec_asks_again_at_once_when_the_node_holds(
     assert not ex.node_holds
     ex.pace()
     assert len(clock.slept) == 1
+
+
+def test_a_busy_executor_asks_for_no_task() -> None:
+    """While a child runs the executor declares no capacity (a node that holds task
+    requests answers it at once, so the child stays watched)."""
+    import multiprocessing
+
+    from cli.warm import TaskChild
+
+    ex = _pace_only_executor()
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    child.start()
+    ex._children = [TaskChild(1, child)]
+    try:
+        assert ex.get_eligible_capacity({"clientapp"}) == (set(), set())
+    finally:
+        _reap(child)
+    ex._children = []
+    assert ex.get_eligible_capacity({"clientapp"}) == ({"clientapp"}, set())
 
 
 # ------------------------------------------------------------ flwr stop: executor
