@@ -393,12 +393,72 @@ def faults_section() -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
+        if r["row"] in ATTACK_ROWS or r["row"].endswith(", robust"):
+            continue  # attack_section
         rejected = ", ".join(f"{k} {v}" for k, v in r["rejected"].items()) or "–"
         lines.append(
             f"| {r['algorithm']} | {r['row']} | {r['rounds-completed']} | {rejected} | "
             f"{r['missing']} | {'yes' if r['finite'] else '**no**'} | {r['accuracy']:.4f} | "
             f"{r['accuracy-clean']:.4f} | {'yes' if r['equals-clean'] else 'no'} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+ATTACK_ROWS = (
+    "1e6-scaled (one client)",
+    "sign-flipped",
+    "crafted push",
+    "wrong-class prototypes",
+)
+"""The finite-poison rows of ``benchmarks/faults.py`` (each also ``..., robust``)."""
+
+
+def attack_section() -> str:
+    """The finite-poison rows: accuracy per algorithm and attack, with the defaults
+    and with the robust options, in points against the clean run."""
+    doc = load("faults.json")
+    if not isinstance(doc, dict):
+        return ""
+    by = {(r["algorithm"], r["row"]): r for r in doc["rows"]}
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in doc["rows"]))
+    attacks = [a for a in ATTACK_ROWS if any((al, a) in by for al in algorithms)]
+    if not attacks:
+        return ""
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "–"
+        delta = 100 * (r["accuracy"] - r["accuracy-clean"])
+        screened = r["rejected"].get("robust.max-norm-ratio", 0)
+        text = f"{r['accuracy']:.3f} ({delta:+.1f})" if r["finite"] else "**non-finite**"
+        return text + (f", {screened} screened" if screened else "")
+
+    head = ["algorithm", "clean", "clean, robust"]
+    for a in attacks:
+        head += [a, f"{a}, robust"]
+    lines = [
+        f"`python -m benchmarks.faults`: the same {doc['nodes']} clients, "
+        f"{doc['rounds']} rounds and partition as the table above. Accuracy (last round) "
+        "and, in brackets, points against the clean run; `robust`: "
+        "`robust.aggregate = \"median\"` with the default screening; "
+        "`n screened`: replies rejected by `robust.max-norm-ratio` over the run.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    within = total = 0
+    for al in algorithms:
+        if (al, "clean, robust") not in by:
+            continue
+        row = [al, cell(by.get((al, "clean"))), cell(by.get((al, "clean, robust")))]
+        for a in attacks:
+            row += [cell(by.get((al, a))), cell(by.get((al, f"{a}, robust")))]
+            robust = by.get((al, f"{a}, robust"))
+            if robust is not None:
+                total += 1
+                within += abs(robust["accuracy"] - robust["accuracy-clean"]) <= 0.01
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Robust rows within 1 point of the clean run: {within} of {total}."]
     return "\n".join(lines) + "\n"
 
 
@@ -444,6 +504,7 @@ def main() -> None:
         "scale": scale_section(),
         "privacy": privacy_section(),
         "faults": faults_section(),
+        "attacks": attack_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():
