@@ -34,6 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 NODES = 3
 ROUNDS = 6
+POLLING = (
+    "the node holds the executor's requests for a task until a message arrives, the "
+    "executor waits on a running task's child, each SuperNode pulls when its next message "
+    "is due by the gaps it has seen (at most every 10 s idle), and the ServerApp polls "
+    "for replies when the phase's last reply is due (docs/deployment.md, \"How many "
+    'devices per server").'
+)
+"""How the deployments of this run poll (written with the results: the table text
+describes the code that made them)."""
 IDLE_S = 20.0
 
 
@@ -337,6 +346,7 @@ def main() -> None:
                 "deployment-cold": cold_cpu,
             },
             "median-excluding-round-1": {k: statistics.median(v[1:]) for k, v in times.items()},
+            "polling": POLLING,
             "per-process": startup_breakdown(cache),
             "warm": probe(WARM_PROBE, cache),
             "cold-process": probe(COLD_PROBE, cache),

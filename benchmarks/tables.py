@@ -271,10 +271,14 @@ def deployment_section() -> str:
             f"({warm['warm-parent-start-s']:.1f} s at start-up), then "
             f"{warm['fork-s'] * 1000:.0f} ms per fork and "
             f"{warm['child-imports-data-model-s']:.2f} s for the app's own modules, the data "
-            "share and the model in each task; its polls come 0.05 s after a task and then "
-            "ever less often (0.05 s + 5 % of the idle time, up to Flower's own intervals), "
-            "the executor waits on a running task's child instead of polling, and the "
-            "ServerApp collects replies every 0.1 s.",
+            "share and the model in each task; "
+            + doc.get(
+                "polling",
+                "its polls come 0.05 s after a task and then ever less often (0.05 s + 5 % "
+                "of the idle time, up to Flower's own intervals), the executor waits on a "
+                "running task's child instead of polling, and the ServerApp collects replies "
+                "every 0.1 s.",
+            ),
             "",
             *idle_rows(doc),
             "| resident memory | MB |",
@@ -440,7 +444,7 @@ def attack_section() -> str:
         f"`python -m benchmarks.faults`: the same {doc['nodes']} clients, "
         f"{doc['rounds']} rounds and partition as the table above. Accuracy (last round) "
         "and, in brackets, points against the clean run; `robust`: "
-        "`robust.aggregate = \"median\"` with the default screening; "
+        '`robust.aggregate = "median"` with the default screening; '
         "`n screened`: replies rejected by `robust.max-norm-ratio` over the run.",
         "",
         "| " + " | ".join(head) + " |",
