@@ -2,22 +2,32 @@
 in every row.
 
 20 clients (Fashion-MNIST ``data.fraction=0.05`` by default, about 150 training samples a
-client, so the 48 runs stay short; ``--fraction``), Dirichlet 0.5, 10 rounds, for fedavg
-(``fedavgcnn``), lgfedavg, fedre and fedara (``cnn`` family). The runs go through the
-in-process grid the tests use (``server_app/inprocess.py``, the real ClientApp and
-ServerApp code, no Ray), whose fault hook turns the replies of 20 % of the clients
-(partitions 0, 5, 10, 15) into a hostile kind every round; the hook is not reachable
-from a run config. Rows: a clean run; NaN, a wrong shape, float64, int64, a
-huge num-examples, array bytes that are no ``.npy`` payload, an empty reply, an error
-reply; those clients crashing (no reply);
-a straggler past ``round-timeout`` (its reply comes too late); the server killed at
-the start of round 5 and resumed. Columns: rounds completed, rejected replies by
-reason, whether the global state stayed finite, the final accuracy against the clean
-run's, and for the resumed row whether its per-round metrics equal the clean run's.
+client, so the runs stay short; ``--fraction``), Dirichlet 0.5, 10 rounds. The runs go
+through the in-process grid the tests use (``server_app/inprocess.py``, the real
+ClientApp and ServerApp code, no Ray), whose fault hook turns the replies of 20 % of
+the clients (partitions 0, 5, 10, 15) into a hostile kind every round; the hook is not
+reachable from a run config.
+
+Malformed rows (fedavg with ``fedavgcnn``, lgfedavg, fedre and fedara on the ``cnn``
+family): a clean run; NaN, a wrong shape, float64, int64, a huge num-examples, array
+bytes that are no ``.npy`` payload, an empty reply, an error reply; those clients
+crashing (no reply); a straggler past ``round-timeout`` (its reply comes too late); the
+server killed at the start of round 5 and resumed.
+
+Finite-poison rows (every algorithm that uploads, :data:`ATTACKS`), each with the
+defaults and with the robust options (:data:`ROBUST`): one client (partition 0) sends
+its upload scaled by 1e6; 20 % send sign-flipped updates; 20 % add the same large
+direction (a crafted push); for the per-class uploads, 20 % send each class's
+prototype as another's. Plus the clean run with the robust options.
+
+Columns: rounds completed, rejected replies by reason, whether the global state stayed
+finite, the final accuracy against the clean run's, and for the resumed row whether its
+per-round metrics equal the clean run's.
 
     python -m benchmarks.faults --out benchmarks/out/faults.json
     # rerun some rows (or algorithms), keeping the others from --out
     python -m benchmarks.faults --out docs/results/faults.json --rows "undecodable bytes"
+    python -m benchmarks.faults --out docs/results/faults.json --attacks
 """
 
 from __future__ import annotations
@@ -56,7 +66,8 @@ PROTOTYPE_ALGORITHMS = ("fedre", "fedproto", "fedgh", "fedtgp")
 """Algorithms whose uploads are per-class (prototypes; FedRE's soft labels): they
 also get the wrong-class row."""
 ROBUST: dict[str, Any] = {"robust.aggregate": "median"}
-"""The robust options of a ``..., robust`` row (with the default screening)."""
+"""The robust options of a ``..., robust`` row (with the default screening,
+``robust.max-norm-ratio``, which every row has)."""
 KEYS = ("round", "accuracy", "loss", "valid-replies")
 RESUMED = "server killed at round 5, resumed"
 
@@ -214,6 +225,9 @@ ATTACKS: dict[str, Fault] = {
 partition 0 only)."""
 
 
+ATTACK_NAMES = (*ATTACKS, "clean, robust")
+
+
 def rows_of(algorithm: str) -> list[str]:
     """The rows ``algorithm`` runs: every fault for the first four algorithms, then
     the attacks with the defaults and with :data:`ROBUST` (and the clean run with it)."""
@@ -336,16 +350,23 @@ def main() -> None:
         default="",
         help="comma list of rows to (re)run (default: all); the others are kept from --out",
     )
+    ap.add_argument(
+        "--attacks",
+        action="store_true",
+        help="(re)run only the clean and the finite-poison rows (keeping the others)",
+    )
     args = ap.parse_args()
     task_identity()
     every = sorted({r for a in ALGORITHMS for r in rows_of(a)})
     wanted = [r for r in args.rows.split(",") if r] or every
+    if args.attacks:
+        wanted = [r for r in every if r == "clean" or r.startswith(ATTACK_NAMES)]
     unknown = set(wanted) - set(every)
     if unknown:
         raise SystemExit(f"unknown rows {sorted(unknown)}; rows: {every}")
     algorithms = args.algorithms.split(",")
     kept: dict[tuple[str, str], dict[str, Any]] = {}
-    if args.rows or set(algorithms) != set(ALGORITHMS):
+    if args.rows or args.attacks or set(algorithms) != set(ALGORITHMS):
         # a partial run: what it does not rerun is kept from --out
         if not args.out.exists():
             raise SystemExit(f"{args.out} does not exist (run every row first)")

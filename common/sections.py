@@ -227,10 +227,12 @@ class RobustConfig(Section):
     the weight cut from each end) or the weighted ``median``."""
     trim: float = Field(0.1, ge=0, lt=0.5)
     """Share of the total weight cut from each end by ``trimmed-mean``."""
-    max_norm_ratio: float = Field(0.0, ge=0)
+    max_norm_ratio: float = Field(50.0, ge=0)
     """Reject an upload whose size, in the form the server aggregates (a parameter
-    upload's update to what it was sent; a prototype's or representation's norm), is
-    more than this many times the round's median size; 0 = off."""
+    upload's update to what it was sent, FedARA's reconstructed; a prototype's or
+    representation's norm), is more than this many times the round's median size
+    (rounds with at least 3 uploads); 0 = off. The default is twice the largest
+    honest ratio measured (docs/robustness.md), rounded up."""
 
 
 class PrivacyConfig(Section):

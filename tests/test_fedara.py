@@ -641,6 +641,7 @@ def test_fedara_median_is_taken_per_reconstructed_update() -> None:
             "fedara.aggregation": "reconstruct",
             "fedara.served-scale": "energy",
             "robust.aggregate": "median",
+            "robust.max-norm-ratio": 0,
         },
     )
     uploads = _random_uploads(s, seed=3)

@@ -93,7 +93,11 @@ def test_a_huge_finite_reply_is_screened_out() -> None:
 @pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
 def test_a_robust_rule_is_not_dragged_by_a_flipped_minority(rule: str) -> None:
     nodes = [node(10 + i, i) for i in range(5)]
-    s = strategy(LGFedAvg, nodes, **{"robust.aggregate": rule, "robust.trim": 0.2})
+    s = strategy(
+        LGFedAvg,
+        nodes,
+        **{"robust.aggregate": rule, "robust.trim": 0.2, "robust.max-norm-ratio": 0.0},
+    )
     s.global_arrays = s.init_global()
     hs = heads(5)
     for i in (0, 1):  # 40 % sign-flipped and scaled up
@@ -109,7 +113,7 @@ def test_a_robust_rule_is_not_dragged_by_a_flipped_minority(rule: str) -> None:
 
 def test_fedproto_takes_a_per_class_median_over_clients() -> None:
     nodes = [node(10 + i, i, d=4, classes=2) for i in range(3)]
-    s = strategy(FedProto, nodes, **{"robust.aggregate": "median"})
+    s = strategy(FedProto, nodes, **{"robust.aggregate": "median", "robust.max-norm-ratio": 0})
     protos = [{f"proto.{c}": RNG.normal(size=4).astype(np.float32) for c in (0, 1)} for _ in nodes]
     protos[1]["proto.0"] *= 1000
     s.aggregate_train(1, [reply(10 + i, p, 100) for i, p in enumerate(protos)])
@@ -130,9 +134,23 @@ def test_prototype_uploads_are_screened_by_their_largest_norm() -> None:
     assert [r[1] for r in s.rejected] == [13]
 
 
+def test_screening_is_on_by_default() -> None:
+    """The default ``robust.max-norm-ratio`` (50) rejects a 1e6-scaled reply and keeps
+    replies within 50x the median."""
+    nodes = [node(10 + i, i) for i in range(5)]
+    s = strategy(LGFedAvg, nodes)
+    assert s.max_norm_ratio == 50.0
+    s.global_arrays = s.init_global()
+    hs = heads(5, 0.01)
+    hs[1] = {k: v * 30 for k, v in hs[1].items()}  # large but within the default
+    hs[3] = {k: v * 1e6 for k, v in hs[3].items()}
+    s.aggregate_train(1, [reply(10 + i, h, 100) for i, h in enumerate(hs)])
+    assert [r[1] for r in s.rejected] == [13]
+
+
 def test_fedkd_median_of_updates() -> None:
     nodes = [node(10 + i, i) for i in range(3)]
-    s = strategy(FedKD, nodes, **{"robust.aggregate": "median"})
+    s = strategy(FedKD, nodes, **{"robust.aggregate": "median", "robust.max-norm-ratio": 0})
     s.global_arrays = {"mentee.b": np.zeros(4, np.float32)}
     updates = [np.array([1, 2, 3, 4.0]), np.array([2, 2, 2, 2.0]), np.array([-900, 5, 0, 9.0])]
     replies = [
