@@ -466,6 +466,65 @@ def attack_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def server_cost_section() -> str:
+    """``benchmarks/server_cost.py``: CPU and requests per connected node by mode and N."""
+    doc = load("server_cost.json")
+    if not isinstance(doc, dict) or not doc.get("rows"):
+        return ""
+    rows = sorted(doc["rows"], key=lambda r: (r["mode"] != "fedhet", r["mode"], r["nodes"]))
+    lines = [
+        f"`python -m benchmarks.server_cost --archive`: a loopback federation (TLS + node "
+        f"auth, the SuperLink's state in a database file) of N SuperNodes, "
+        f"`algorithm='local'`, Fashion-MNIST `data.fraction=0.05`, "
+        f"{rows[0]['rounds']} rounds; idle: {rows[0]['idle-s']:.0f} s once every node has "
+        f"been online for {rows[0].get('settle-s', 0):.0f} s. CPU from cgroup `cpuacct` "
+        "groups per role (exact, ended processes included); cores = CPU s / wall s. "
+        "`fedhet`: the defaults; `fast`: fedhet's earlier fixed fast polling; `stock`: "
+        "Flower's own SuperNode, SuperExec and grid intervals (a process per message).",
+        "",
+        "| mode | N | SuperLink cores per node, active / idle | SuperLink + ServerApp CPU s "
+        "per node-round | node (SuperNode + executor) cores, active / idle | ClientApp "
+        "tasks CPU s per node-round | round overhead s | SuperLink requests per node-round "
+        "| nodes per server core at 30 s / 300 s rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["per-node"]
+        req = sum(p["requests-per-node-round"].values())
+        lines.append(
+            f"| {r['mode']} | {r['nodes']} | {p['superlink-active-core-per-node']:.4f} / "
+            f"{p['superlink-idle-core-per-node']:.4f} | {p['server-cpu-s-per-node-round']:.2f} "
+            f"| {p['node-protocol-active-core']:.4f} / {p['node-protocol-idle-core']:.4f} "
+            f"| {p['task-cpu-s-per-node-round']:.2f} | {r['median-round-overhead-s']:.2f} "
+            f"| {req:.1f} | {r['carried'][0]:.0f} / {r['carried'][1]:.0f} |"
+        )
+    biggest = max(r["nodes"] for r in rows)
+    kinds = sorted(
+        {k for r in rows if r["nodes"] == biggest for k in r["per-node"]["requests-per-node-round"]}
+    )
+    modes = [r for r in rows if r["nodes"] == biggest]
+    lines += [
+        "",
+        f"SuperLink requests per node-round by kind at N = {biggest} (`fleet/`: from the "
+        "SuperNodes; `runtime/`: from the ServerApp and the SuperLink's own SuperExec; "
+        "`control/`: `flwr run`), and the SuperLink's CPU per request:",
+        "",
+        "| kind | " + " | ".join(r["mode"] for r in modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]
+    for kind in kinds:
+        cells = [f"{r['per-node']['requests-per-node-round'].get(kind, 0):.2f}" for r in modes]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    ms = [r["per-node"]["superlink-cpu-ms-per-request"] for r in modes]
+    lines.append(
+        "| SuperLink CPU ms per request, active / idle | "
+        + " | ".join(f"{m['active']:.1f} / {m['idle']:.1f}" for m in ms)
+        + " |"
+    )
+    lines += ["", "![server CPU against N](results/server_cost.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
 def replace_block(text: str, tag: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{tag} -->\n).*?(<!-- /results:{tag} -->)", re.S)
     if not pattern.search(text):
@@ -509,6 +568,7 @@ def main() -> None:
         "privacy": privacy_section(),
         "faults": faults_section(),
         "attacks": attack_section(),
+        "server-cost": server_cost_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():
