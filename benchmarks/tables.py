@@ -466,6 +466,23 @@ def attack_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def honest_ratios_section() -> str:
+    """``benchmarks/honest_ratios.py``: honest upload sizes over their round's median."""
+    doc = load("honest_ratios.json")
+    if not isinstance(doc, dict) or not doc.get("rows"):
+        return ""
+    from benchmarks.honest_ratios import table
+
+    rows = doc["rows"]
+    return (
+        f"`python -m benchmarks.honest_ratios --archive`: every uploading algorithm, seed "
+        f"0, no fault, screening off, in the accuracy benchmark's regimes (scarce: "
+        f"{REGIMES['scarce']['clients']} clients; practical: "
+        f"{REGIMES['practical']['clients']} clients) for the rounds shown; each upload's "
+        "size over its round's median (`upload-size-ratio`):\n\n" + table(rows)
+    )
+
+
 def server_cost_section() -> str:
     """``benchmarks/server_cost.py``: CPU and requests per connected node by mode and N."""
     doc = load("server_cost.json")
@@ -569,6 +586,7 @@ def main() -> None:
         "faults": faults_section(),
         "attacks": attack_section(),
         "server-cost": server_cost_section(),
+        "honest-ratios": honest_ratios_section(),
         "profiles": profiles_section(),
     }
     for tag, text in sections.items():
