@@ -215,10 +215,27 @@ def _wrong_class(up: dict[str, np.ndarray], served: dict[str, np.ndarray]) -> di
     return out
 
 
+def _values_only(
+    make: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict],
+) -> Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict]:
+    """``make`` applied to everything but FedRE's soft labels, which stay valid
+    distributions (else the reply is rejected as malformed, not as poison)."""
+    from common.messages import SOFT_LABEL
+
+    def apply(up: dict[str, np.ndarray], served: dict[str, np.ndarray]) -> dict:
+        keep = {k: v for k, v in up.items() if k == SOFT_LABEL}
+        rest = {k: v for k, v in up.items() if k != SOFT_LABEL}
+        return {**make(rest, served), **keep}
+
+    return apply
+
+
 ATTACKS: dict[str, Fault] = {
-    "1e6-scaled (one client)": _attack(lambda up, _: {k: v * 1e6 for k, v in up.items()}),
-    "sign-flipped": _attack(_flip),
-    "crafted push": _attack(_push),
+    "1e6-scaled (one client)": _attack(
+        _values_only(lambda up, _: {k: v * 1e6 for k, v in up.items()})
+    ),
+    "sign-flipped": _attack(_values_only(_flip)),
+    "crafted push": _attack(_values_only(_push)),
     "wrong-class prototypes": _attack(_wrong_class),
 }
 """Finite, well-formed poison: each from 20 % of the clients (the first from
@@ -324,6 +341,7 @@ REASONS = (
     "wrong shape",
     "error reply",
     "robust.max-norm-ratio",
+    "not a distribution",
 )
 
 
