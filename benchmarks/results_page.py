@@ -145,6 +145,7 @@ ADDED = {
     "robust.aggregate": "mean",
     "robust.trim": 0.1,
     "robust.max-norm-ratio": 0.0,
+    "robust.min-cosine": -1.0,
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

@@ -233,6 +233,11 @@ class RobustConfig(Section):
     representation's norm), is more than this many times the round's median size
     (rounds with at least 3 uploads); 0 = off. The default is twice the largest
     honest ratio measured (docs/robustness.md), rounded up."""
+    min_cosine: float = Field(-1.0, ge=-1, le=1)
+    """Reject a parameter upload (fedavg, lgfedavg, fedlora, fml, fedara's
+    reconstructed update) whose update has a cosine below this with the round's
+    coordinate-wise median update: it points away from what the round agrees on
+    (a sign-flipped update has about minus the honest cosine); -1 = off."""
 
 
 class PrivacyConfig(Section):

@@ -17,6 +17,7 @@ from dataclasses import replace
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypedDict
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.common.logger import log
@@ -36,7 +37,13 @@ from common.records import (
 )
 from strategies.clock import client_seconds
 from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
-from strategies.robust import norm_outliers, robust_mean, update_norm
+from strategies.robust import (
+    direction_outliers,
+    flat_update,
+    norm_outliers,
+    robust_mean,
+    update_norm,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (models import torch)
     from models import HetNet
@@ -59,6 +66,7 @@ class RunSettings(TypedDict, total=False):
     robust_aggregate: str
     robust_trim: float
     max_norm_ratio: float
+    min_cosine: float
     eval_every: int
     num_rounds: int
     seed: int
@@ -79,6 +87,7 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         "robust_aggregate": cfg.robust.aggregate,
         "robust_trim": cfg.robust.trim,
         "max_norm_ratio": cfg.robust.max_norm_ratio,
+        "min_cosine": cfg.robust.min_cosine,
         "eval_every": cfg.eval_every,
         "num_rounds": cfg.num_server_rounds,
         "seed": cfg.seed,
@@ -115,7 +124,8 @@ class HeteroStrategy(Strategy):
         round_deadline_s: float = 0.0,
         robust_aggregate: str = "mean",
         robust_trim: float = 0.1,
-        max_norm_ratio: float = 0.0,
+        max_norm_ratio: float = 50.0,
+        min_cosine: float = -1.0,
         eval_every: int = 1,
         num_rounds: int = 10,
         seed: int = 0,
@@ -143,6 +153,9 @@ class HeteroStrategy(Strategy):
         """Weight share cut from each end by ``trimmed-mean``."""
         self.max_norm_ratio = max_norm_ratio
         """Reject uploads beyond this × the round's median :meth:`upload_size` (0: off)."""
+        self.min_cosine = min_cosine
+        """Reject uploads whose :meth:`upload_update` has a cosine below this with the
+        round's coordinate-wise median update (-1: off)."""
         self.virtual_deadline = True
         """Apply ``round_deadline_s`` to the virtual clock (simulation, in process);
         False in deployment, where it is the real message timeout instead."""
@@ -486,13 +499,27 @@ class HeteroStrategy(Strategy):
         self.size_ratios = (
             {str(pid[n]): v / median for n, v in sorted(known.items())} if median > 0 else {}
         )
-        if self.max_norm_ratio <= 0:
-            return uploads
-        outliers = norm_outliers(known, self.max_norm_ratio)
+        outliers = norm_outliers(known, self.max_norm_ratio) if self.max_norm_ratio > 0 else {}
+        kept = [u for u in uploads if u.node.node_id not in outliers]
+        if self.min_cosine > -1:
+            updates = {u.node.node_id: self.upload_update(u) for u in kept}
+            outliers.update(
+                direction_outliers(
+                    {n: v for n, v in updates.items() if v is not None}, self.min_cosine
+                )
+            )
         for nid, reason in outliers.items():
             log(WARNING, "round %d: dropped reply of node %d: %s", server_round, nid, reason)
             self.rejected.append((server_round, nid, reason))
         return [u for u in uploads if u.node.node_id not in outliers]
+
+    def upload_update(self, upload: Upload) -> np.ndarray | None:
+        """An upload's update as one flat vector, for ``robust.min-cosine`` (default:
+        for a method that replaces a shared model by a mean, the upload minus what the
+        node was sent, over the float keys, in key order; otherwise not screened)."""
+        if not self.shares_model:
+            return None
+        return flat_update(upload.arrays, self.global_arrays)
 
     def mean_of(self, uploads: list[Upload]) -> Arrays:
         """The uploads' weighted mean (``Upload.weight``), in the global's dtypes, or

@@ -328,12 +328,21 @@ class FedARA(HeteroStrategy):
         """‖reconstructed reply − reconstructed served tier‖: each factor product back
         at full rank and divided by the gain its tier was served with, as the rule
         aggregates it, minus the same of what the node was sent."""
+        update = self._reconstructed_update(upload)
+        return math.sqrt(sum(float(v.square().sum()) for v in update.values()))
+
+    def upload_update(self, upload: Upload) -> np.ndarray | None:
+        """The reconstructed update (see :meth:`upload_size`), flattened in key order."""
+        update = self._reconstructed_update(upload)
+        return np.concatenate([update[k].numpy().ravel() for k in sorted(update)])
+
+    def _reconstructed_update(self, upload: Upload) -> dict[str, torch.Tensor]:
         tier = self.tier(upload.node)
         if tier not in self._served_full:
             self._served_full[tier] = self._full(self._extractor(self.served(tier)), tier)
         served = self._served_full[tier]
         mine = self._full(self._extractor(upload.arrays), tier)
-        return math.sqrt(sum(float((mine[k] - served[k]).square().sum()) for k in mine))
+        return {k: mine[k] - served[k] for k in mine}
 
     def _full(self, state: dict[str, torch.Tensor], tier: Tier) -> dict[str, torch.Tensor]:
         """One state at full rank on the global's scale (float64)."""

@@ -126,3 +126,38 @@ def largest_row_norm(upload: Arrays) -> float:
         rows = value.reshape(1, -1) if value.ndim == 1 else value.reshape(value.shape[0], -1)
         best = max(best, float(np.linalg.norm(rows.astype(np.float64), axis=1).max()))
     return best
+
+
+def flat_update(upload: Arrays, served: Arrays) -> np.ndarray:
+    """``upload − served`` over the floating-point keys both have, flattened in key
+    order (float64)."""
+    parts = [
+        value.astype(np.float64).ravel() - served[key].astype(np.float64).ravel()
+        for key, value in sorted(upload.items())
+        if key in served
+        and np.issubdtype(value.dtype, np.floating)
+        and served[key].shape == value.shape
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def direction_outliers(updates: dict[int, np.ndarray], min_cosine: float) -> dict[int, str]:
+    """Who points away from the round: each update's cosine with the coordinate-wise
+    median of all updates below ``min_cosine`` (node -> reason); nobody with fewer than
+    3 updates or a zero median."""
+    if len(updates) < 3:
+        return {}
+    median = np.median(np.stack(list(updates.values())), axis=0)
+    ref = float(np.linalg.norm(median))
+    if ref == 0:
+        return {}
+    out = {}
+    for node, vector in updates.items():
+        norm = float(np.linalg.norm(vector))
+        cos = float(vector @ median) / (norm * ref) if norm > 0 else 0.0
+        if cos < min_cosine:
+            out[node] = (
+                f"update direction: cosine {cos:.2f} with the round's median update "
+                f"(robust.min-cosine {min_cosine:g})"
+            )
+    return out

@@ -158,3 +158,42 @@ def test_fedkd_median_of_updates() -> None:
     ]
     s.aggregate_train(1, replies)
     np.testing.assert_allclose(s.global_arrays["mentee.b"], np.median(np.stack(updates), axis=0))
+
+
+def test_direction_outliers_against_the_median_update() -> None:
+    from strategies.robust import direction_outliers, flat_update
+
+    ups = {1: np.array([1.0, 0.0]), 2: np.array([1.0, 1.0]), 3: np.array([2.0, 0.5])}
+    ups[4] = -ups[2]
+    median = np.median(np.stack(list(ups.values())), axis=0)  # [1, 0.25]
+    out = direction_outliers(ups, 0.0)
+    assert set(out) == {4} and "cosine" in out[4]
+    cos = ups[4] @ median / (np.linalg.norm(ups[4]) * np.linalg.norm(median))
+    assert f"{cos:.2f}" in out[4]
+    assert direction_outliers({1: ups[1], 2: ups[2]}, 0.0) == {}  # fewer than 3
+    assert set(direction_outliers(ups, 0.99)) == {1, 2, 4}  # [2, 0.5] is parallel to it
+    got = flat_update(
+        {"b": np.ones(2, np.float32), "a": np.zeros((1, 2), np.float32)},
+        {"a": np.ones((1, 2), np.float32), "b": np.zeros(2, np.float32)},
+    )
+    np.testing.assert_array_equal(got, [-1, -1, 1, 1])  # key order: a, then b
+
+
+def test_a_sign_flipped_update_is_screened_by_direction() -> None:
+    nodes = [node(10 + i, i) for i in range(5)]
+    s = strategy(LGFedAvg, nodes, **{"robust.min-cosine": 0.0})
+    s.global_arrays = s.init_global()
+    common = {k: RNG.normal(size=v.shape) for k, v in s.global_arrays.items()}
+    hs = [
+        {
+            k: (s.global_arrays[k] + common[k] + 0.3 * RNG.normal(size=v.shape)).astype(np.float32)
+            for k, v in s.global_arrays.items()
+        }
+        for _ in nodes
+    ]
+    hs[4] = {k: (2 * s.global_arrays[k] - v).astype(np.float32) for k, v in hs[4].items()}
+    s.aggregate_train(1, [reply(10 + i, h, 100) for i, h in enumerate(hs)])
+    assert [r[1] for r in s.rejected] == [14] and "robust.min-cosine" in s.rejected[0][2]
+    off = strategy(LGFedAvg, nodes)
+    off.global_arrays = off.init_global()
+    assert off.min_cosine == -1.0  # off by default
