@@ -519,7 +519,8 @@ class HeteroStrategy(Strategy):
         node was sent, over the float keys, in key order; otherwise not screened)."""
         if not self.shares_model:
             return None
-        return flat_update(upload.arrays, self.global_arrays)
+        vector = flat_update(upload.arrays, self.global_arrays)
+        return vector if vector.size else None
 
     def mean_of(self, uploads: list[Upload]) -> Arrays:
         """The uploads' weighted mean (``Upload.weight``), in the global's dtypes, or

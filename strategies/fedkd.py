@@ -78,6 +78,11 @@ class FedKD(HeteroStrategy):
             wanted.update(compressed_shapes(key, shape, rank))
         return invalid_reason(arrays, wanted)
 
+    def upload_update(self, upload: Upload) -> np.ndarray | None:
+        """Not screened by direction (``robust.min-cosine``): its uploads are updates
+        (whole or as factors), screened by their size only."""
+        return None
+
     def upload_size(self, upload: Upload) -> float | None:
         """The norm of the whole reconstructed update."""
         total = sum(
