@@ -348,6 +348,7 @@ REASONS = (
     "wrong shape",
     "error reply",
     "robust.max-norm-ratio",
+    "update direction",
     "not a distribution",
 )
 
