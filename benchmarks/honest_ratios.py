@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.probe import task_identity
+from benchmarks.probe import archive_rows, save_rows, task_identity
 from benchmarks.suites import REGIMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,14 +133,11 @@ def main() -> None:
                 row = run(Path(tmp), algorithm, regime, rounds[regime])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"rows": rows}, indent=1))
+                save_rows(args.out, rows)
     text = table(rows)
     print(text)
     if args.archive:
-        docs = ROOT / "docs/results"
-        (docs / "honest_ratios.json").write_text(json.dumps({"rows": rows}, indent=1))
-        (docs / "honest_ratios.md").write_text(text)
+        archive_rows("honest_ratios", rows, text)
 
 
 if __name__ == "__main__":

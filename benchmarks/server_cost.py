@@ -31,7 +31,8 @@ round by kind, and the nodes one server core carries at 30 s and 300 s rounds
 ServerApp counted with the SuperLink).
 
     python -m benchmarks.server_cost [--nodes 2,4,8,16] [--modes fedhet,fast,stock]
-        [--rounds 5] [--out benchmarks/out/server_cost.json] [--archive]
+        [--rounds 5] [--out benchmarks/out/server_cost.json] [--archive] [--append]
+    python -m benchmarks.server_cost --tables-only --archive   # from --out's rows
 
 Needs the cgroup v1 ``cpuacct`` controller writable (root) and Flower's commands on
 PATH (an activated ``.venv``).
@@ -54,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks.probe import archive_rows, save_rows
 from cli.federation import Federation
 from cli.launch import children_map
 
@@ -413,6 +415,11 @@ def main() -> None:
     ap.add_argument(
         "--append", action="store_true", help="keep the rows already in --out (others replaced)"
     )
+    ap.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="run nothing: print (and with --archive write) the table of --out's rows",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/server_cost.json")
     ap.add_argument(
         "--archive",
@@ -420,6 +427,12 @@ def main() -> None:
         help="also write docs/results/server_cost.{json,md,png}",
     )
     args = ap.parse_args()
+    if args.tables_only:
+        rows = json.loads(args.out.read_text())["rows"]
+        print(table(rows))
+        if args.archive:
+            plot(rows, archive_rows("server_cost", rows, table(rows)) / "server_cost.png")
+        return
     if not (CPUACCT / "cgroup.procs").exists():
         raise SystemExit(f"needs the cgroup v1 cpuacct controller at {CPUACCT}")
     if shutil.which("flower-superlink") is None:
@@ -445,15 +458,11 @@ def main() -> None:
                 row["carried"] = [carried(row["per-node"], s) for s in ROUND_LENGTHS_S]
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"rows": rows}, indent=1))
+                save_rows(args.out, rows)
     text = table(rows)
     print(text)
     if args.archive:
-        docs = ROOT / "docs/results"
-        (docs / "server_cost.json").write_text(json.dumps({"rows": rows}, indent=1))
-        (docs / "server_cost.md").write_text(text)
-        plot(rows, docs / "server_cost.png")
+        plot(rows, archive_rows("server_cost", rows, text) / "server_cost.png")
 
 
 if __name__ == "__main__":
