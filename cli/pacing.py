@@ -23,8 +23,13 @@ time since it became due after the previous one (plus the base poll): 0.05 s at
 first, 0.15 s after 1 s, 1 s after about 10 s, the idle cap (10 s) after 100 s."""
 FAST_GROWTH = 0.05
 """The growth of ``FEDHET_NODE_POLL=fast`` (from every reply, up to Flower's 3 s)."""
-LEAD = 0.8
-"""Fast polls start at this share of the expected gap."""
+LEAD = 0.9
+"""Fast polls start at this share of the expected gap (of the shortest of the last
+:data:`GAP_MEMORY` gaps)."""
+DUE_SHARE = 0.02
+"""Once due, a node polls every ``DUE_SHARE`` x the expected gap (at least the base
+poll), growing while the message does not come: about 1 % of the gap in added
+latency, 0.05 s for gaps below 2.5 s, 0.2 s for 10 s gaps."""
 IDLE_POLL_S = 10.0
 """The longest wait between two pulls of an idle SuperNode (env
 ``FEDHET_IDLE_POLL_S``; Flower's own is 3 s). The first message of a run that
@@ -71,10 +76,10 @@ def informed_interval(base: float, since_s: float, expected_s: float | None, cap
     expected ``expected_s`` seconds after a reply (None: unknown)."""
     if expected_s is None:
         return idle_interval(base, since_s, cap)
-    due = LEAD * expected_s
+    due, fast = LEAD * expected_s, max(base, DUE_SHARE * expected_s)
     if since_s < due:
-        return min(cap, max(base, (due - since_s) / 2))
-    return idle_interval(base, since_s - due, cap)
+        return min(cap, max(fast, (due - since_s) / 2))
+    return idle_interval(fast, since_s - due, cap)
 
 
 class Gaps:

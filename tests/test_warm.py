@@ -380,9 +380,9 @@ def test_supernode_fast_mode_polls_fast_after_a_task_and_backs_off_when_idle() -
 
 def test_supernode_polls_when_its_next_message_is_due() -> None:
     """With no history it backs off from its reply; once it has seen a gap after a
-    reply to a ``train`` message, it waits half the time left to 0.8 x that gap,
-    then polls fast; idle, at most the idle cap."""
-    from cli.pacing import IDLE_GROWTH, LEAD
+    reply to a ``train`` message, it waits half the time left to LEAD x that gap,
+    then polls every DUE_SHARE x the gap, backing off; idle, at most the idle cap."""
+    from cli.pacing import DUE_SHARE, IDLE_GROWTH, LEAD
 
     clock = _Clock()
     paced = _paced(clock, cap=10.0)
@@ -398,16 +398,16 @@ def test_supernode_polls_when_its_next_message_is_due() -> None:
     paced.arrived("train")  # (no gap after evaluate replies is known yet)
     paced.sleep(0.5)
     reply = clock.now
-    paced.sleep(3)  # right after the train reply: half of the 16 s to the due time
+    paced.sleep(3)  # right after the train reply: half of the time to the due time
     assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 2, abs=0.1)
     paced.sleep(3)
     assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 4, abs=0.1)
-    clock.now = reply + LEAD * 20.0  # due: fast
+    clock.now = reply + LEAD * 20.0  # due: a share of the gap
     paced.sleep(3)
-    assert clock.slept[-1] == pytest.approx(0.05, abs=0.01)
+    assert clock.slept[-1] == pytest.approx(DUE_SHARE * 20.0, abs=0.01)
     clock.now = reply + LEAD * 20.0 + 10.0  # 10 s overdue: backing off
     paced.sleep(3)
-    assert clock.slept[-1] == pytest.approx(0.05 + IDLE_GROWTH * 10.0, abs=0.01)
+    assert clock.slept[-1] == pytest.approx(DUE_SHARE * 20.0 + IDLE_GROWTH * 10.0, abs=0.01)
     clock.now += 3600.0  # idle for an hour: the cap
     paced.sleep(3)
     assert clock.slept[-1] == 10.0
