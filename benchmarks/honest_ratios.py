@@ -13,7 +13,8 @@ prototype family). Printed and written: per algorithm and regime, the number of
 uploads, the median, 99th percentile and largest ratio, and the largest per round.
 
     python -m benchmarks.honest_ratios [--scarce-rounds 10] [--practical-rounds 3]
-        [--algorithms fedavg,...] [--out benchmarks/out/honest_ratios.json] [--archive]
+        [--regimes scarce,practical] [--algorithms fedavg,...] [--append] [--archive]
+        [--out benchmarks/out/honest_ratios.json]
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/honest_ratios.json")
     ap.add_argument("--archive", action="store_true", help="also docs/results/honest_ratios.*")
+    ap.add_argument(
+        "--append", action="store_true", help="keep --out's rows of the regimes not run now"
+    )
     args = ap.parse_args()
     import torch
 
@@ -126,9 +130,12 @@ def main() -> None:
     task_identity()
     names = [a for a in args.algorithms.split(",") if a] or algorithms()
     rounds = {"scarce": args.scarce_rounds, "practical": args.practical_rounds}
+    regimes = [r for r in args.regimes.split(",") if r]
     rows: list[dict[str, Any]] = []
+    if args.append and args.out.exists():
+        rows = [r for r in json.loads(args.out.read_text())["rows"] if r["regime"] not in regimes]
     with tempfile.TemporaryDirectory(prefix="fedhet-ratios-") as tmp:
-        for regime in [r for r in args.regimes.split(",") if r]:
+        for regime in regimes:
             for algorithm in names:
                 row = run(Path(tmp), algorithm, regime, rounds[regime])
                 rows.append(row)
