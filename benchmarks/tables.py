@@ -480,7 +480,7 @@ def honest_ratios_section() -> str:
 
     rows = doc["rows"]
     return (
-        f"`python -m benchmarks.honest_ratios --archive`: every uploading algorithm, seed "
+        f"`benchmarks/honest_ratios.py`: every uploading algorithm, seed "
         f"0, no fault, screening off, in the accuracy benchmark's regimes (scarce: "
         f"{REGIMES['scarce']['clients']} clients; practical: "
         f"{REGIMES['practical']['clients']} clients) for the rounds shown; each upload's "
