@@ -70,7 +70,7 @@ MODES: dict[str, dict[str, Any]] = {
     "fedhet": {"warm": True, "env": {}, "config": {}},
     "fast": {
         "warm": True,
-        "env": {"FEDHET_POLL": "fast"},
+        "env": {"FEDHET_NODE_POLL": "fast"},
         "config": {"reply-poll": "fixed"},
     },
     "stock": {"warm": False, "env": {}, "config": {"reply-poll": "flower"}},
