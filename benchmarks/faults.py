@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import tempfile
 from collections.abc import Callable
@@ -65,6 +66,9 @@ MALFORMED_ALGORITHMS = ("fedavg", "lgfedavg", "fedre", "fedara")
 PROTOTYPE_ALGORITHMS = ("fedre", "fedproto", "fedgh", "fedtgp")
 """Algorithms whose uploads are per-class (prototypes; FedRE's soft labels): they
 also get the wrong-class row."""
+UPDATE_UPLOADS = ("fedkd",)
+"""Algorithms whose uploads are updates already (FedKD: the mentee's update, whole or
+as factors): an attack changes the update itself, not ``upload - served``."""
 ROBUST: dict[str, Any] = {"robust.min-cosine": 0.0}
 """The robust options of a ``..., robust`` row, on top of the default screening
 (``robust.max-norm-ratio``, which every row has): direction screening. A coordinate-wise
@@ -151,7 +155,7 @@ def _served(request: Any) -> dict[str, np.ndarray]:
 def _attack(make: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict]) -> Fault:
     """A hostile reply built from the honest one and what the node was sent."""
 
-    def fault(reply: Any, request: Any) -> Any:
+    def fault(reply: Any, request: Any, updates: bool = False) -> Any:
         from flwr.app import Message, RecordDict
 
         from common.records import to_numpy, to_record
@@ -159,7 +163,8 @@ def _attack(make: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict]
         if reply.has_error():
             return reply
         up = to_numpy(reply.content.array_records["arrays"])
-        arrays = {k: v.astype(up[k].dtype) for k, v in make(up, _served(request)).items()}
+        served = {} if updates else _served(request)
+        arrays = {k: v.astype(up[k].dtype) for k, v in make(up, served).items()}
         metrics = reply.content.metric_records["metrics"]
         return Message(
             RecordDict({"arrays": to_record(arrays), "metrics": metrics}), reply_to=request
@@ -316,6 +321,8 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
     run_config = small_config(tmp, **overrides)
     grid = Grid(client_app, run_config, NODES)
     fault = FAULTS.get(fault_name) or ATTACKS.get(fault_name)
+    if fault_name in ATTACKS and algorithm in UPDATE_UPLOADS:
+        fault = functools.partial(ATTACKS[fault_name], updates=True)
     if fault is not None:
         hostile = HOSTILE[:1] if fault_name.startswith("1e6") else HOSTILE
         for pid in hostile:  # the request is the message just sent to that node
