@@ -82,7 +82,7 @@ KEYS = ("round", "accuracy", "loss", "valid-replies")
 RESUMED = "server killed at round 5, resumed"
 
 
-Fault = Callable[[Any, Any], Any]
+Fault = Callable[..., Any]
 """``fault(reply, request) -> the reply the server gets instead``."""
 
 
