@@ -69,15 +69,19 @@ also get the wrong-class row."""
 UPDATE_UPLOADS = ("fedkd",)
 """Algorithms whose uploads are updates already (FedKD: the mentee's update, whole or
 as factors): an attack changes the update itself, not ``upload - served``."""
-ROBUST: dict[str, Any] = {"robust.min-cosine": 0.0}
-"""The robust options of a ``..., robust`` row, on top of the default screening
-(``robust.max-norm-ratio``, which every row has): direction screening. A coordinate-wise
-median or trimmed mean was tried first for fedavg: clean it cost 13 and 3.5 points
-(non-IID updates are not symmetric around their mean) and against 20 % sign flips it
-did worse than the mean (docs/robustness.md)."""
-ROBUST_APPLIES = ("fedavg", "lgfedavg", "fedara", "fedlora", "fml")
-"""The algorithms ``robust.min-cosine`` screens (a parameter update to what was sent);
-for the others a ``..., robust`` row would be its default row again."""
+ROBUST: dict[str, dict[str, Any]] = {
+    **{a: {"robust.min-cosine": 0.0} for a in ("fedavg", "lgfedavg", "fedara", "fedlora", "fml")},
+    "fedkd": {"robust.aggregate": "median"},
+    "fedproto": {"robust.aggregate": "median"},
+}
+"""The robust options of an algorithm's ``..., robust`` rows, on top of the default
+screening (``robust.max-norm-ratio``, which every row has): direction screening for
+the parameter updates it covers; the coordinate-wise median for fedkd's updates and
+fedproto's class prototypes (direction screening does not cover them). FedGH, FedRE
+and FedTGP average nothing and have no option beyond the screening: no robust rows.
+For fedavg a coordinate-wise median or trimmed mean was tried first: clean it cost 13
+and 3.5 points (non-IID updates are not symmetric around their mean) and against 20 %
+sign flips it did worse than the mean (docs/robustness.md)."""
 KEYS = ("round", "accuracy", "loss", "valid-replies")
 RESUMED = "server killed at round 5, resumed"
 
@@ -266,9 +270,11 @@ def rows_of(algorithm: str) -> list[str]:
     if algorithm in PROTOTYPE_ALGORITHMS:
         attacks.append("wrong-class prototypes")
     rows += attacks
-    if algorithm in ROBUST_APPLIES:
+    if algorithm in ROBUST:
         # (the 1e6-scaled reply is rejected by the default screening already)
         rows += ["clean, robust", "sign-flipped, robust", "crafted push, robust"]
+        if algorithm in PROTOTYPE_ALGORITHMS:
+            rows.append("wrong-class prototypes, robust")
     return rows
 
 
@@ -292,7 +298,7 @@ def run_row(tmp: Path, algorithm: str, row: str, fraction: float = FRACTION) -> 
         "train.batch-size": 10,
         "round-timeout": 60.0,
         **ALGORITHMS[algorithm],
-        **(ROBUST if row.endswith(", robust") else {}),
+        **(ROBUST.get(algorithm, {}) if row.endswith(", robust") else {}),
         "out-dir": str(tmp / algorithm / row.replace(" ", "-").replace(",", "")),
     }
     fault_name = row.removesuffix(", robust")

@@ -426,6 +426,7 @@ ATTACK_COLUMNS = (
     "crafted push",
     "crafted push, robust",
     "wrong-class prototypes",
+    "wrong-class prototypes, robust",
 )
 
 
@@ -459,8 +460,10 @@ def attack_section() -> str:
         "and, in brackets, points against the clean run; `n rejected`: replies rejected "
         "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`. "
         "Defaults columns: nothing set; `robust` columns: `robust.min-cosine = 0` "
-        "(direction screening; it screens parameter updates only, so the other algorithms "
-        "have no robust column); `–`: not applicable.",
+        "(direction screening) for fedavg, lgfedavg, fedara, fedlora and fml, "
+        '`robust.aggregate = "median"` for fedkd and fedproto; fedgh, fedre and '
+        "fedtgp average nothing, so no option beyond the screening applies; `–`: not "
+        "applicable.",
         "",
         "| algorithm | " + " | ".join(ATTACK_COLUMNS) + " |",
         "|---|" + "---|" * len(ATTACK_COLUMNS),
