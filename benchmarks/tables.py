@@ -498,7 +498,7 @@ def server_cost_section() -> str:
         return ""
     rows = sorted(doc["rows"], key=lambda r: (r["mode"] != "fedhet", r["mode"], r["nodes"]))
     lines = [
-        f"`python -m benchmarks.server_cost --archive`: a loopback federation (TLS + node "
+        f"`benchmarks/server_cost.py`: a loopback federation (TLS + node "
         f"auth, the SuperLink's state in a database file) of N SuperNodes, "
         f"`algorithm='local'`, Fashion-MNIST `data.fraction=0.05`, "
         f"{rows[0]['rounds']} rounds; idle: {rows[0]['idle-s']:.0f} s once every node has "
