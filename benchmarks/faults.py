@@ -387,7 +387,8 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         default="",
-        help="comma list of rows to (re)run (default: all); the others are kept from --out",
+        help="comma (or, for names with a comma, semicolon) list of rows to (re)run "
+        "(default: all); the others are kept from --out",
     )
     ap.add_argument(
         "--attacks",
@@ -402,7 +403,8 @@ def main() -> None:
     args = ap.parse_args()
     task_identity()
     every = sorted({r for a in ALGORITHMS for r in rows_of(a)})
-    wanted = [r for r in args.rows.split(",") if r] or every
+    sep = ";" if ";" in args.rows else ","  # (some row names hold a comma)
+    wanted = [r for r in args.rows.split(sep) if r] or every
     if args.attacks:
         wanted = [r for r in every if r == "clean" or r.startswith(ATTACK_NAMES)]
     unknown = set(wanted) - set(every)
