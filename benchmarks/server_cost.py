@@ -428,10 +428,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.tables_only:
-        rows = json.loads(args.out.read_text())["rows"]
-        print(table(rows))
+        saved = json.loads(args.out.read_text())["rows"]
+        print(table(saved))
         if args.archive:
-            plot(rows, archive_rows("server_cost", rows, table(rows)) / "server_cost.png")
+            plot(saved, archive_rows("server_cost", saved, table(saved)) / "server_cost.png")
         return
     if not (CPUACCT / "cgroup.procs").exists():
         raise SystemExit(f"needs the cgroup v1 cpuacct controller at {CPUACCT}")
