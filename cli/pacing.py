@@ -8,9 +8,10 @@ its reply and its next message, by the kind of message it replied to (a training
 reply waits for the round's slowest trainer and the server's step; an evaluation
 reply for the slowest evaluator and the next round's set-up). Until
 :data:`LEAD` x the expected gap it polls ever closer to that time (each wait half
-the time left), then fast, backing off by :data:`IDLE_GROWTH` while the message
-does not come; with no history, it backs off from its reply on. Idle, a pull comes
-at most every :data:`IDLE_POLL_S` (``FEDHET_IDLE_POLL_S``).
+the time left), then every :data:`DUE_SHARE` x the gap, backing off by
+:data:`IDLE_GROWTH` while the message does not come; with no history, it backs
+off from its reply on. Idle, a pull comes at most every :data:`IDLE_POLL_S`
+(``FEDHET_IDLE_POLL_S``).
 """
 
 from __future__ import annotations

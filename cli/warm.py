@@ -196,7 +196,7 @@ class WarmExecutor:
         self._client_task = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
         self._last_active = time.monotonic()
         self._asked_at: float | None = None
-        self._launched = False
+        self._ignore_answer = False
         self.node_holds = False
         """Whether the node held the last task request (see :data:`HELD_S`)."""
         self._fast = fast_polls()
@@ -216,7 +216,7 @@ class WarmExecutor:
         if any(t.process.exitcode is None for t in self._children):
             # busy: ask for nothing, so a node that holds task requests answers at once
             # and the running children are watched (heartbeats, a stop, a death)
-            self._launched = True  # (an answer that tells nothing about holding)
+            self._ignore_answer = True  # answered at once: tells nothing about holding
             return set(), set()
         return supported_task_types, set()
 
@@ -229,7 +229,7 @@ class WarmExecutor:
         is nothing to ask for. Idle, ask again at once when the node holds task
         requests, else add :func:`idle_interval` beyond the loop's 0.05 s sleep."""
         running = [t for t in self._children if t.process.exitcode is None]
-        self._asked_at, self._launched = time.monotonic(), False
+        self._asked_at, self._ignore_answer = time.monotonic(), False
         if running:
             due = min(t.due() for t in running) - time.monotonic()
             timeout = min(FLOWER_TASK_POLL_S, max(0.0, due))
@@ -247,7 +247,7 @@ class WarmExecutor:
     def _note_answer(self) -> None:
         """At the top of Flower's loop: how long the last task request took (not
         after a launch or a request without capacity)."""
-        if self._asked_at is None or self._launched or self._fast:
+        if self._asked_at is None or self._ignore_answer or self._fast:
             return
         self.node_holds = time.monotonic() - self._asked_at >= HELD_S
 
@@ -257,7 +257,7 @@ class WarmExecutor:
     def launch(self, spec: Any) -> Any:
         if spec.task_type != self._client_task:
             return self._fallback.launch(spec)
-        self._launched = True
+        self._ignore_answer = True
         argv, quiet = flower_command(spec)
         try:
             finishing = self._ctx.Event()

@@ -507,7 +507,7 @@ def _pace_only_executor():  # type: ignore[no-untyped-def]
 
     ex = object.__new__(WarmExecutor)
     ex._children, ex._last_active = [], pytime.monotonic()
-    ex._asked_at, ex._launched, ex.node_holds, ex._fast = None, False, False, False
+    ex._asked_at, ex._ignore_answer, ex.node_holds, ex._fast = None, False, False, False
     ex._log, ex.logged = lambda level, msg, *args: ex.logged.append(msg % args), []
     return ex
 
