@@ -12,23 +12,30 @@ ServerApp or ClientApp in ``pyproject.toml``) and imported when first asked for,
 the run-config model can check a name without importing torch or the server. A
 method defined elsewhere (a plugin, a test) may pass the classes themselves and
 register with :func:`register`; docs/adding-a-method.md walks through it.
+
+It sits on the ground floor (``common``) and names no upper floor, not even for
+typing: the places that use a method's classes name their types
+(``strategies.make_strategy``: ``HeteroStrategy``; ``client_app.app``: ``ClientHook``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
 from common import messages as keys
 from common import sections
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from client_app.base import ClientHook
-    from strategies.base import HeteroStrategy
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+"""A method's name: one lower-case word of letters, digits and ``_``, starting with a
+letter. Flower routes ``train.<action>`` only where ``<action>`` is a Python
+identifier, and the name is also a file name, a results folder and a config value."""
 
 
 def _resolve(target: Any) -> Any:
@@ -49,9 +56,11 @@ class Method:
         The one word: the ``algorithm`` value, the message types ``train.<name>`` /
         ``evaluate.<name>``, the strategy's ``name`` and its results folder.
     strategy
-        Its :class:`~strategies.base.HeteroStrategy` subclass, or its import path.
+        Its strategy class (a ``strategies.base.HeteroStrategy`` subclass), or its
+        import path.
     hook
-        Its :class:`~client_app.base.ClientHook` subclass, or its import path.
+        Its client hook class (a ``client_app.base.ClientHook`` subclass), or its
+        import path.
     section
         Its run-config section (``<name>.*`` keys), or None. A built-in method's
         section is also a typed field of :class:`~common.config.RunConfig`; a method
@@ -72,20 +81,20 @@ class Method:
     uploads_parameters: bool = False
     keys: tuple[str, ...] = field(default=())
 
-    def strategy_class(self) -> type[HeteroStrategy]:
-        """The strategy class (imported on first use)."""
-        cls: type[HeteroStrategy] = _resolve(self.strategy)
-        return cls
+    def strategy_class(self) -> Any:
+        """The strategy class (imported on first use); ``strategies.make_strategy``
+        refuses one that is not a ``HeteroStrategy``."""
+        return _resolve(self.strategy)
 
-    def client_hook(self) -> ClientHook:
-        """The client hook, one shared instance per method (hooks keep no state)."""
+    def client_hook(self) -> Any:
+        """The client hook (a ``ClientHook``), one shared instance per method (hooks
+        keep no state)."""
         return _hook_instance(self)
 
 
 @functools.cache
-def _hook_instance(method: Method) -> ClientHook:
-    hook: ClientHook = _resolve(method.hook)()
-    return hook
+def _hook_instance(method: Method) -> Any:
+    return _resolve(method.hook)()
 
 
 BUILTIN: tuple[Method, ...] = (
@@ -164,17 +173,35 @@ BUILTIN: tuple[Method, ...] = (
     ),
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in BUILTIN}
+
+def check_name(name: str) -> str:
+    """``name`` if it is a method name (:data:`NAME`), else a ValueError saying why."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(
+            f"method name {name!r} must be one lower-case word of letters, digits and '_' "
+            "(starting with a letter): Flower routes train.<name> only for such a word"
+        )
+    return name
+
+
+def registry(builtin: Iterable[Method]) -> dict[str, Method]:
+    """The registry of ``builtin`` by name: every name checked (:func:`check_name`),
+    a name given twice refused."""
+    out: dict[str, Method] = {}
+    for method in builtin:
+        if check_name(method.name) in out:
+            raise ValueError(f"two built-in methods are named {method.name!r}")
+        out[method.name] = method
+    return out
+
+
+METHODS: dict[str, Method] = registry(BUILTIN)
 """Every registered method by name (the built-in ones, then any :func:`register`\\ ed)."""
 
 
 def register(method: Method) -> Method:
     """Add ``method`` (a name already taken by another method is refused)."""
-    if not method.name.isidentifier() or not method.name.islower():
-        # Flower routes "train.<action>" only where <action> is a Python identifier
-        raise ValueError(
-            f"method name {method.name!r} must be one lower-case word (letters, digits, '_')"
-        )
+    check_name(method.name)
     known = METHODS.get(method.name)
     if known is not None and known != method:
         raise ValueError(f"a method named {method.name!r} is already registered")

@@ -7,7 +7,10 @@ from strategies.base import HeteroStrategy, NodeInfo, Upload
 
 def make_strategy(cfg: RunConfig) -> HeteroStrategy:
     """The strategy of ``cfg.algorithm``, built from the run config."""
-    return get(cfg.algorithm).strategy_class().from_config(cfg)
+    cls = get(cfg.algorithm).strategy_class()
+    if not (isinstance(cls, type) and issubclass(cls, HeteroStrategy)):
+        raise TypeError(f"algorithm {cfg.algorithm!r}: {cls!r} is not a HeteroStrategy subclass")
+    return cls.from_config(cfg)
 
 
 __all__ = ["HeteroStrategy", "NodeInfo", "Upload", "make_strategy"]

@@ -1,10 +1,12 @@
-"""Imports run one way: the launcher (``cli``) is the top floor, benchmarks use project
-code only, and no two project modules import each other, directly or around a circle.
+"""Imports run one way: each package imports only the floors below its own (the
+launcher ``cli`` above the apps, ``common`` and ``models`` at the bottom), benchmarks
+use project code only, and no two project modules import each other, directly or
+around a circle.
 
 Every project ``.py`` file is parsed (no module is imported): its imports, at the top
 or inside a function, are the edges of a graph over the project's modules. An import
 under ``if TYPE_CHECKING:`` never runs, so it is no edge of a circle; the floors count
-it all the same.
+it all the same (a type named from an upper floor is a dependency on it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ PACKAGES = (
 )
 BELOW_CLI = ("server_app", "client_app", "strategies", "models", "data", "common")
 """Packages that never import the launcher (and so never ship it to a ClientApp)."""
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("benchmarks",),
+    ("cli",),
+    ("server_app",),
+    ("client_app",),
+    ("strategies", "data"),
+    ("common",),
+    ("models",),
+)
+"""The project's packages, top floor first: the launcher, the ServerApp, the ClientApp,
+the strategies and data, the shared config and registry, the models. A module imports
+its own package and the floors below, never a floor above nor a neighbour on its own
+floor; ``tests`` stand above them all."""
 PATH_HACK = re.compile(r"sys\.path\.(insert|append)\b")
 
 Graph = dict[str, dict[str, bool]]
@@ -143,6 +158,19 @@ def imports_of_floor(graph: Graph, floors: tuple[str, ...], banned: str) -> list
     ]
 
 
+def upward_imports(graph: Graph, floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """``module -> target`` for every import of a package on the same floor or a
+    higher one, whether or not it runs (``TYPE_CHECKING`` imports included)."""
+    level = {package: i for i, packages in enumerate(floors) for package in packages}
+    return [
+        f"{module} -> {target}"
+        for module, edges in sorted(graph.items())
+        if floor(module) in level
+        for target in sorted(edges)
+        if floor(target) != floor(module) and level.get(floor(target), -1) <= level[floor(module)]
+    ]
+
+
 def path_hacks(files: dict[str, Path]) -> list[str]:
     """``file:line`` of every ``sys.path`` insert or append, in code or in a script
     held in a string (plain text search)."""
@@ -168,6 +196,26 @@ def test_the_graph_sees_the_project() -> None:
 
 def test_the_apps_and_their_libraries_never_import_the_launcher() -> None:
     assert imports_of_floor(GRAPH, BELOW_CLI, "cli") == []
+
+
+def test_every_package_imports_only_the_floors_below_it() -> None:
+    """Typing-only imports count: ``common`` naming ``client_app.base.ClientHook``
+    under ``TYPE_CHECKING`` is the ground floor depending on an upper one."""
+    assert {p for floor_ in FLOORS for p in floor_} == set(PACKAGES) - {"tests"}
+    assert upward_imports(GRAPH, FLOORS) == []
+
+
+def test_a_typing_only_import_is_an_upward_edge() -> None:
+    """The walk sees an import under ``if TYPE_CHECKING:`` (not run, still counted)."""
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from strategies.base import HeteroStrategy\n"
+    )
+    found = [(node, runs) for node, runs in _imports(tree) if isinstance(node, ast.ImportFrom)]
+    assert [(n.module, runs) for n, runs in found] == [("typing", True), ("strategies.base", False)]
+    graph: Graph = {"common.x": {"strategies.base": False}, "strategies.base": {}}
+    assert upward_imports(graph, FLOORS) == ["common.x -> strategies.base"]
 
 
 def test_benchmarks_import_no_test_module() -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+
 import numpy as np
 import pytest
 
+import strategies
 from common.config import RunConfig, parse_run_config
-from common.methods import METHODS
+from common.methods import BUILTIN, METHODS
 from common.records import to_numpy
+from strategies.base import HeteroStrategy
 from strategies.fedavg import FedAvg
 from strategies.lgfedavg import LGFedAvg
 from strategies.local import Local
@@ -28,7 +34,7 @@ def test_registry_names_are_the_config_values() -> None:
     strategy is defined in ``strategies/<name>.py`` and sends ``train.<name>``, its
     client hook answers to the same name, and its config section (if any) is the
     typed ``<name>`` field of the run config."""
-    assert len(METHODS) == 11
+    assert [m.name for m in BUILTIN] == list(METHODS)[: len(BUILTIN)]
     for name, method in METHODS.items():
         family = "fedavgcnn" if name == "fedavg" else "cnn"
         assert parse_run_config({"algorithm": name, "model.family": family}).algorithm == name
@@ -41,6 +47,27 @@ def test_registry_names_are_the_config_values() -> None:
             assert name not in RunConfig.model_fields
         else:
             assert RunConfig.model_fields[name].annotation is method.section
+
+
+def named_strategies() -> dict[str, type[HeteroStrategy]]:
+    """Every named ``HeteroStrategy`` subclass defined in a module of ``strategies``."""
+    found: dict[str, type[HeteroStrategy]] = {}
+    for info in pkgutil.iter_modules(strategies.__path__):
+        module = importlib.import_module(f"strategies.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, HeteroStrategy) and cls.__module__ == module.__name__ and cls.name:
+                found[cls.name] = cls
+    return found
+
+
+def test_every_strategy_in_the_package_is_registered() -> None:
+    """The built-in methods are exactly the named strategies of ``strategies/``: a
+    strategy file without its ``Method(...)`` (or a registration without its file) is
+    caught here, whatever the number of methods."""
+    found = named_strategies()
+    assert set(found) == {m.name for m in BUILTIN}
+    for m in BUILTIN:
+        assert m.strategy_class() is found[m.name]
 
 
 def test_lgfedavg_is_the_sample_weighted_mean_of_heads() -> None:
