@@ -9,12 +9,23 @@ from typing import Annotated
 import tomllib
 import typer
 
+from cli.pacing import DUE_SHARE, FAST_GROWTH, IDLE_POLL_S, LEAD
+from cli.supernode import (
+    FLOWER_IDLE_PULL_S,
+    FLOWER_REPLY_WAIT_S,
+    STOP_CHECK_S,
+    SUPERNODE_POLL_S,
+    TASK_HOLD_S,
+)
 from common.config import ConfigError, Scalar, flatten, parse_run_config
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="fedhet: model-heterogeneous personalized FL on Flower.",
+    # help texts are markdown: a docstring's line breaks do not show, a blank line
+    # starts a paragraph; a command's first paragraph is its line in `fedhet --help`
+    rich_markup_mode="markdown",
+    help="fedhet: model-heterogeneous personalized federated learning on Flower.",
 )
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -113,7 +124,9 @@ def simulate(
     resume: ResumeOpt = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
-    """`flwr run .` as a local simulation; prints one line per round, exits 1 on failure."""
+    """Run the app as a local simulation (`flwr run .` on a SuperLink of its own).
+
+    Prints one line per round and exits 1 unless the run finished as completed."""
     from cli.launch import run_simulation
 
     overrides, nodes = resumed_overrides(resume, run_config)
@@ -182,7 +195,10 @@ def report(
     plot: Annotated[Path, typer.Option(help="Accuracy-vs-round PNG.")] = Path("accuracy.png"),
     title: Annotated[str, typer.Option()] = "",
 ) -> None:
-    """Markdown table (seed-only differences folded into mean ± std) and one plot."""
+    """Print a markdown table of finished runs and draw their accuracy against rounds.
+
+    Runs that differ only in `seed` are folded into mean ± std; runs with a virtual
+    clock also get a plot against virtual time."""
     from common.report import Run, markdown_table, plot_accuracy
 
     try:
@@ -214,7 +230,7 @@ def profile(
     seconds: Annotated[float, typer.Option(help="CPU seconds per measurement.")] = 2.0,
     repeats: Annotated[int, typer.Option(help="Measurements; the median is printed.")] = 3,
 ) -> None:
-    """The device classes of the virtual clock; --measure: this machine's speed."""
+    """Print the device classes of the virtual clock, and with --measure this machine's speed."""
     from common.devices import DEVICES
 
     typer.echo("| class | speed (GFLOP/s) | uplink (Mbit/s) | downlink (Mbit/s) | latency (ms) |")
@@ -260,7 +276,7 @@ def certs(
 
 @app.command()
 def keys(
-    out_dir: Annotated[Path, typer.Argument(help="Folder for node-<i> / node-<i>.pub.")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder for `node-<i>` / `node-<i>.pub`.")],
     nodes: Annotated[int, typer.Option(help="How many SuperNode key pairs.")] = 3,
     start: Annotated[int, typer.Option(help="Index of the first pair.")] = 0,
 ) -> None:
@@ -295,16 +311,17 @@ def federation(
         bool,
         typer.Option(
             help="The SuperLink keeps its state in memory (Flower's default; faster per "
-            "request) instead of <workdir>/superlink.db (a restarted SuperLink knows its "
+            "request) instead of `<workdir>/superlink.db` (a restarted SuperLink knows its "
             "nodes and runs)."
         ),
     ] = False,
     resume: ResumeOpt = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
-    """SuperLink + N SuperNodes on 127.0.0.1 (TLS + node auth), one `flwr run`, stop all.
+    """Start a SuperLink and N SuperNodes on 127.0.0.1, run the app once, stop them all.
 
-    Exits 0 only if the run finished as completed."""
+    TLS and node authentication unless --insecure; exits 0 only if the run finished as
+    completed."""
     from cli.federation import Federation
 
     overrides, _ = resumed_overrides(resume, run_config)
@@ -346,9 +363,10 @@ def audit(
     clients: Annotated[int, typer.Option(help="How many clients (partitions 0..n-1).")] = 20,
     steps: Annotated[int, typer.Option(help="Optimisation steps per reconstruction.")] = 300,
 ) -> None:
-    """What the server could reconstruct from each knowledge form (white-box inversion
-    with the clients' own models): PSNR / SSIM per form; writes audit.json and a picture
-    grid (client 0) into the out-dir."""
+    """Measure what the server could reconstruct from each knowledge form of a finished run.
+
+    White-box inversion with the clients' own models; prints PSNR and SSIM per form and
+    writes audit.json and a picture grid (client 0) into the out-dir."""
     from cli.audit import audit as run_audit
     from cli.audit import summarise, write_audit
 
@@ -369,18 +387,46 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_
 
 @app.command(context_settings=PASS_THROUGH)
 def superexec(ctx: typer.Context) -> None:
-    """Flower's SuperExec for `flower-supernode --isolation process` with a warm
-    ClientApp executor: every task is a fresh child forked from a parent that has
-    imported torch, numpy and flwr once. Takes `flower-superexec`'s flags."""
+    """Run Flower's SuperExec with a warm ClientApp executor (takes `flower-superexec`'s flags).
+
+    For `flower-supernode --isolation process`: every task is a fresh child forked from a
+    parent that has imported torch, numpy and flwr once."""
+    show_own_help(ctx)
     from cli.warm import exec_superexec
 
     exec_superexec(list(ctx.args))
 
 
-@app.command(context_settings=PASS_THROUGH)
+def show_own_help(ctx: typer.Context) -> None:
+    """With ``-h``/``--help``: this command's own help, before the Flower command's
+    (which gets the flag as well and lists the flags)."""
+    if {"-h", "--help"} & set(ctx.args):
+        ctx.get_help()  # the rich formatter prints it
+
+
+SUPERNODE_HELP = f"""Run Flower's SuperNode, polling when its next message is due (takes \
+`flower-supernode`'s flags).
+
+After a reply the node expects its next message after the shortest of the last gaps it
+saw after a reply of the same kind. Until {LEAD:g} of that gap each wait is half the
+time left; then it polls every {DUE_SHARE:.0%} of the gap (at least every
+{SUPERNODE_POLL_S:g} s), more slowly while the message does not come. Without such a
+gap it polls every {SUPERNODE_POLL_S:g} s at first and more slowly the longer it waits.
+No wait is longer than {IDLE_POLL_S:g} s (`FEDHET_IDLE_POLL_S`; Flower waits
+{FLOWER_IDLE_PULL_S:g} s). While its task runs it looks for the reply every
+{SUPERNODE_POLL_S:g} s (Flower: {FLOWER_REPLY_WAIT_S:g} s), holds its executor's
+requests for a task until a message arrives (at most {TASK_HOLD_S:g} s), and asks every
+{STOP_CHECK_S:g} s whether the run was stopped (`flwr stop`).
+
+`FEDHET_NODE_POLL=fast`: polls every {SUPERNODE_POLL_S:g} s from each reply on, growing
+by {FAST_GROWTH:g} s per second waited up to {FLOWER_IDLE_PULL_S:g} s, and answers the
+executor's requests at once."""
+
+
+@app.command(context_settings=PASS_THROUGH, help=SUPERNODE_HELP)
 def supernode(ctx: typer.Context) -> None:
-    """Flower's SuperNode with its fixed waits (3 s idle pull, 0.5 s reply waits)
-    cut to 0.05 s. Takes `flower-supernode`'s flags."""
+    """Flower's SuperNode, paced (:data:`SUPERNODE_HELP`, :mod:`cli.supernode`)."""
+    show_own_help(ctx)
     from cli.supernode import run_supernode
 
     run_supernode(list(ctx.args))
