@@ -13,6 +13,7 @@ import re
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from cli.launch import (
     write_connection,
     write_run_config,
 )
+from cli.linkproxy import Link, wait_listening
 from cli.security import make_certificates, make_node_keys
 
 CONNECTION = "fedhet-federation"
@@ -132,6 +134,9 @@ class Federation:
     restarted knowing its nodes and runs); False: Flower's in-memory state (faster
     per request, lost with the process)."""
     echo: Callable[[str], None] | None = None
+    links: Sequence[Link | None] = ()
+    """Node i reaches the SuperLink over ``links[i]`` (a ``cli.linkproxy`` process
+    in between; None or no entry: directly)."""
     port: int = field(default_factory=free_port)
     node_ports: list[int] = field(default_factory=list)
     node_ids: dict[int, int] = field(default_factory=dict)
@@ -145,6 +150,7 @@ class Federation:
         self.certs = self.workdir / "certs" if self.secure else None
         self.keys = self.workdir / "keys"
         self.node_ports = [free_port() for _ in self.node_configs]
+        self.link_ports = {i: free_port() for i, link in enumerate(self.links) if link}
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Federation:
@@ -188,6 +194,7 @@ class Federation:
                     "supernode", "register", str(self.keys / f"node-{i}.pub"), CONNECTION
                 )
                 self.node_ids[i] = int(re.search(r"SuperNode (\d+)", out).group(1))  # type: ignore[union-attr]
+        self.start_links()
         for i in range(len(self.node_configs)):
             self.start_node(i)
         self.wait_online(len(self.node_configs))
@@ -216,13 +223,29 @@ class Federation:
         self.start_superlink()
         self.wait_online(len(self.node_configs), timeout=180)
 
+    def start_links(self) -> None:
+        """A link proxy (``cli.linkproxy``) per node with a link, listening on
+        ``link_ports[i]`` and forwarding to the SuperLink; its counts in
+        ``<workdir>/logs/link-<i>.json``."""
+        for i, port in self.link_ports.items():
+            self.procs.start(f"link-{i}", self.link_command(i))
+            wait_listening(port)
+            self._say(f"node {i} reaches the SuperLink over a link: {self.links[i]}")
+
+    def link_command(self, i: int) -> list[str]:
+        link = self.links[i]
+        assert link is not None
+        cmd = [sys.executable, "-m", "cli.linkproxy", "--listen", f"127.0.0.1:{self.link_ports[i]}"]
+        cmd += ["--target", f"127.0.0.1:{self.port}", *link.argv()]
+        return cmd + ["--stats", str(self.workdir / "logs" / f"link-{i}.json")]
+
     # ------------------------------------------------------------------ nodes
     def node_command(self, i: int, key_index: int | None = None) -> list[str]:
         key = None
         if self.certs is not None:
             key = self.keys / f"node-{i if key_index is None else key_index}"
         return supernode_command(
-            superlink=f"127.0.0.1:{self.port}",
+            superlink=f"127.0.0.1:{self.link_ports.get(i, self.port)}",
             host="127.0.0.1",
             port=self.node_ports[i],
             ca=self.certs / "ca.crt" if self.certs else None,

@@ -316,6 +316,23 @@ def federation(
         ),
     ] = False,
     resume: ResumeOpt = None,
+    link: Annotated[
+        str,
+        typer.Option(
+            help="Put each node behind an emulated link (a user-space proxy): device "
+            "classes, comma-separated, round-robin (e.g. rpi4,server; none: no link); "
+            "a class's link is half its round-trip latency each way and its rates."
+        ),
+    ] = "",
+    delay_ms: Annotated[
+        float | None, typer.Option(help="Link: one-way delay each way, ms (every node).")
+    ] = None,
+    up_mbps: Annotated[
+        float | None, typer.Option(help="Link: node-to-server rate, Mbit/s (every node).")
+    ] = None,
+    down_mbps: Annotated[
+        float | None, typer.Option(help="Link: server-to-node rate, Mbit/s (every node).")
+    ] = None,
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the app once, stop them all.
@@ -323,6 +340,13 @@ def federation(
     TLS and node authentication unless --insecure; exits 0 only if the run finished as
     completed."""
     from cli.federation import Federation
+    from cli.linkproxy import node_links
+
+    try:
+        links = node_links(nodes, link, delay_ms, up_mbps, down_mbps)
+    except ValueError as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(2) from None
 
     overrides, _ = resumed_overrides(resume, run_config)
     names = [p.strip() for p in profiles.split(",") if p.strip()]
@@ -350,6 +374,7 @@ def federation(
         warm=not cold,
         durable=not memory_state,
         echo=typer.echo,
+        links=links,
     ) as fed:
         outcome = fed.run(overrides, echo=echo)
     typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")
