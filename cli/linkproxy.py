@@ -138,6 +138,12 @@ class Stats:
     bytes_up: int = 0
     bytes_down: int = 0
 
+    def add_up(self, n: int) -> None:
+        self.bytes_up += n
+
+    def add_down(self, n: int) -> None:
+        self.bytes_down += n
+
     def as_dict(self) -> dict[str, int]:
         return {
             "connections": self.connections,
@@ -157,7 +163,7 @@ class _Direction:
         delay_s: float,
         mbps: float | None,
         not_before: float,
-        count: list[int],
+        count: Callable[[int], None],
         trace: Callable[[str], None] | None = None,
     ) -> None:
         self.reader, self.writer = reader, writer
@@ -207,7 +213,7 @@ class _Direction:
                     self.trace(data.split(b"\r\n", 1)[0].decode("latin-1")[:100])
                 self.writer.write(data)
                 await self.writer.drain()
-                self.count[0] += len(data)
+                self.count(len(data))
                 self.held -= len(data)
                 if self.held < BUFFER:
                     self.room.set()
@@ -287,7 +293,6 @@ class LinkProxy:
             server_r, server_w = await asyncio.open_connection(*self.target)
             self.stats.connections += 1
             delay = self.link.delay_ms / 1e3
-            up_count, down_count = [0], [0]
             number = self.stats.connections
             up = _Direction(
                 node_r,
@@ -295,7 +300,7 @@ class LinkProxy:
                 delay,
                 self.link.up_mbps,
                 accepted + 2 * delay,
-                up_count,
+                self.stats.add_up,
                 self._tracer(number, ">"),
             )
             down = _Direction(
@@ -304,16 +309,12 @@ class LinkProxy:
                 delay,
                 self.link.down_mbps,
                 accepted,
-                down_count,
+                self.stats.add_down,
                 self._tracer(number, "<"),
             )
             if self.trace is not None:
                 self.trace.write(f"{time.time():.4f} {number} + connection\n")
-            try:
-                await asyncio.gather(up.run(), down.run())
-            finally:
-                self.stats.bytes_up += up_count[0]
-                self.stats.bytes_down += down_count[0]
+            await asyncio.gather(up.run(), down.run())
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass  # a connection that ends, or the proxy closing: the task ends quietly
         finally:
