@@ -31,15 +31,19 @@ from strategies.base import HeteroStrategy, NodeInfo
 from strategies.clock import round_seconds
 
 
-def versions() -> dict[str, str]:
-    """Installed versions of fedhet, flwr and torch."""
-    out = {}
+def versions() -> dict[str, Any]:
+    """Installed versions of fedhet, flwr and torch, and the code that ran:
+    ``source`` (a hash of the app's sources), ``git-commit`` and ``git-dirty`` (None
+    when unknown); see :mod:`common.provenance`."""
+    from common.provenance import code_identity
+
+    out: dict[str, Any] = {}
     for pkg in ("fedhet", "flwr", "torch"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "unknown"
-    return out
+    return {**out, **code_identity()}
 
 
 def human_bytes(n: float) -> str:

@@ -27,6 +27,10 @@ def _common(tmp_path: Path) -> dict:
 
 def test_flwr_run_three_nodes_two_rounds(tmp_path: Path) -> None:
     """The README's run command path: ``fedhet simulate`` -> ``flwr run``."""
+    from common.provenance import code_identity
+
+    code_identity.cache_clear()
+    code_before = code_identity()
     overrides = {**_common(tmp_path), "num-server-rounds": 2, "data.alpha": 0.5}
     pairs = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
     env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(tmp_path / "flwr")}
@@ -51,6 +55,13 @@ def test_flwr_run_three_nodes_two_rounds(tmp_path: Path) -> None:
     assert all(r["train-clients"] == 3 for r in res["rounds"])
     assert 0.3 < res["summary"]["accuracy-last"] <= 1.0
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 0
+    # the ServerApp ran from the bundle under FLWR_HOME (no .git there): the source hash
+    # of this checkout and the commit the launcher passed (common/provenance.py)
+    code_identity.cache_clear()
+    code = {k: res["versions"][k] for k in ("source", "git-commit", "git-dirty")}
+    assert code in (code_before, code_identity()), (code, code_before)  # edits meanwhile
+    if (ROOT / ".git").exists():
+        assert code["git-commit"] is not None
 
 
 def test_bad_config_fails_the_run_with_one_clear_line(tmp_path: Path) -> None:
