@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 import threading
 import time
 import types
 from collections.abc import Callable
-from logging import DEBUG, INFO
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 from cli.pacing import (
@@ -39,7 +40,13 @@ from cli.pacing import (
     idle_poll_s,
     informed_interval,
 )
-from common.flower_runtime import fast_object_pulls, flower_internal, log
+from common.flower_runtime import (
+    concurrent_objects,
+    fast_object_pulls,
+    flower_internal,
+    log,
+    object_concurrency,
+)
 
 SUPERNODE_POLL_S = 0.05
 FLOWER_IDLE_PULL_S = 3.0
@@ -194,6 +201,24 @@ class _TakenReplies:
         return getattr(self._state, name)
 
 
+class _RingsOnStore:
+    """A node state that calls ``ring`` once it has stored an instruction message
+    (its task can start: its objects follow, and the task's ClientApp waits for them
+    with a short backoff); all else is the state's."""
+
+    def __init__(self, state: Any, ring: Callable[[], None]) -> None:
+        self._state, self._ring = state, ring
+
+    def store_message(self, message: Any) -> Any:
+        stored = self._state.store_message(message)
+        if not message.metadata.reply_to_message_id:
+            self._ring()
+        return stored
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
 class RunWatch:
     """Flower's SuperNode loop, told when the run of its task in progress stops.
 
@@ -220,9 +245,13 @@ class RunWatch:
         clock: Callable[[], float] = time.monotonic,
         on_message: Callable[[str], None] | None = None,
         on_stop: Callable[[], None] | None = None,
+        on_stored: Callable[[], None] | None = None,
+        confirm_along: bool = False,
     ) -> None:
         self._pull, self._push = pull, push
         self._on_message, self._on_stop = on_message, on_stop
+        self._on_stored, self._confirm_along = on_stored, confirm_along
+        self._confirming: threading.Thread | None = None
         self._pull_sig, self._push_sig = inspect.signature(pull), inspect.signature(push)
         for sig, names, name in (
             (self._pull_sig, ("receive", "get_run"), "_pull_and_store_message"),
@@ -256,12 +285,44 @@ class RunWatch:
 
         bound.arguments["receive"] = receive_and_note
         self.get_run = bound.arguments["get_run"]
+        if self._on_stored is not None and "state" in bound.arguments:
+            bound.arguments["state"] = _RingsOnStore(bound.arguments["state"], self._on_stored)
+        if self._confirm_along and "confirm_message_received" in bound.arguments:
+            bound.arguments["confirm_message_received"] = self._confirm_later(
+                bound.arguments["confirm_message_received"]
+            )
         run_id = self._pull(*bound.args, **bound.kwargs)
         self.run_id = run_id
         self.message_ids = received if run_id is not None else []
         if run_id is not None and self._on_message is not None:
             self._on_message(kinds[0] if kinds else "")
         return run_id
+
+    def _confirm_later(self, confirm: Callable[[int, str], None]) -> Callable[[int, str], None]:
+        """Flower's ``confirm_message_received``, sent in a thread of its own: the
+        message's task starts without waiting a round trip for it (:meth:`push` waits
+        for it before the reply goes out)."""
+
+        def send(run_id: int, message_id: str) -> None:
+            try:
+                confirm(run_id, message_id)
+            except Exception as exc:  # noqa: BLE001 - the SuperLink cleans up by its TTL
+                log(WARNING, "fedhet: could not confirm message %s: %s", message_id, exc)
+
+        def later(run_id: int, message_id: str) -> None:
+            self.confirmed()
+            self._confirming = threading.Thread(
+                target=send, args=(run_id, message_id), daemon=True, name="fedhet-confirm"
+            )
+            self._confirming.start()
+
+        return later
+
+    def confirmed(self) -> None:
+        """Wait until the last confirmation sent by :meth:`_confirm_later` is done."""
+        if self._confirming is not None:
+            self._confirming.join()
+            self._confirming = None
 
     def push(self, *args: Any, **kwargs: Any) -> None:
         """Flower's ``_push_messages``, or a return without a reply once the task's
@@ -276,6 +337,7 @@ class RunWatch:
                     return
                 next_check = self._clock() + self.interval
             self._sleep(FLOWER_REPLY_WAIT_S)
+        self.confirmed()
         bound.arguments["state"] = _TakenReplies(state, replies)
         self._push(*bound.args, **bound.kwargs)
 
@@ -346,9 +408,14 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     name = "flwr.supernode.start_client_internal"
     module = importlib.import_module(name)
     fast = fast_polls()
+    early, along = switch("FEDHET_EARLY_TASK"), switch("FEDHET_CONFIRM_ALONG")
     paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
     setattr(module, "time", paced)  # noqa: B010
-    fast_object_pulls(name, "pull_objects")
+    count = object_concurrency()
+    if count is None:
+        fast_object_pulls(name, "pull_objects")
+    else:
+        concurrent_objects(name, "pull_objects", "push_object_contents_from_iterable", count=count)
     held: HeldTasks | None = None
     handlers = importlib.import_module(RUNTIME_HANDLERS)
     if not fast:
@@ -371,11 +438,25 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
         sleep=paced.sleep,
         on_message=arrived,
         on_stop=held.ring if held is not None else None,
+        on_stored=held.ring if held is not None and early else None,
+        confirm_along=along,
     )
     setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
     setattr(module, "_push_messages", watch.push)  # noqa: B010
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+def switch(name: str, default: bool = True) -> bool:
+    """An on/off environment variable (``1``/``0``, ``on``/``off``; unset: ``default``)."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "on", "true", "yes"):
+        return True
+    if text in ("0", "off", "false", "no"):
+        return False
+    raise SystemExit(f"{name}={text!r}: choose 1 (on) or 0 (off)")
 
 
 NODE_STATE = "flwr.supernode.nodestate.in_memory_nodestate"

@@ -88,15 +88,19 @@ a task is there): the executor asks again without waiting."""
 
 def _clientapp_child(argv: list[str], quiet: bool, finishing: Any = None) -> None:
     """A forked child: Flower's own ``flwr-clientapp`` for one task (its object pulls
-    with :data:`common.flower_runtime.PULL_BACKOFF`). ``finishing`` (an event) is set
-    as the child reports its task's end to the node: from then on the task is finished
-    there while the child still exits, and the executor sends no more heartbeats for
-    it."""
+    from its node with :data:`common.flower_runtime.LOCAL_PULL_BACKOFF`). ``finishing``
+    (an event) is set as the child reports its task's end to the node: from then on the
+    task is finished there while the child still exits, and the executor sends no more
+    heartbeats for it."""
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"  # its exit path would wait up to 4 s
     before = set(sys.modules)
-    from common.flower_runtime import fast_object_pulls, flower_internal
+    from common.flower_runtime import LOCAL_PULL_BACKOFF, fast_object_pulls, flower_internal
 
-    fast_object_pulls("flwr.supernode.runtime.run_clientapp", "pull_and_inflate_object_from_tree")
+    fast_object_pulls(
+        "flwr.supernode.runtime.run_clientapp",
+        "pull_and_inflate_object_from_tree",
+        **LOCAL_PULL_BACKOFF,
+    )
     if finishing is not None:
         module = importlib.import_module("flwr.supernode.runtime.run_clientapp")
         push_task_output = flower_internal(module.__name__, "push_task_output")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 from typing import Any
 
 FLOWER_INTERNALS = (
@@ -48,6 +49,9 @@ FLOWER_INTERNALS = (
     ("flwr.supernode.nodestate.in_memory_nodestate", "CLIENT_APP_CRASHED_ERROR"),
     ("flwr.supernode.nodestate.in_memory_nodestate", "InMemoryNodeState"),
     ("flwr.proto.runtime_pb2", "PushTaskOutputRequest"),
+    ("flwr.supercore.inflatable.inflatable_utils", "get_num_workers"),
+    ("flwr.supernode.start_client_internal", "push_object_contents_from_iterable"),
+    ("flwr.superlink.grid.http_grid", "push_objects"),
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 that fedhet uses or replaces."""
 
@@ -57,6 +61,88 @@ PULL_BACKOFF = {"initial_backoff": 0.05, "backoff_cap": 0.5, "max_tries_per_obje
 5,000 s). A SuperNode lists a task before it has pulled the message's objects from the
 SuperLink, so a ClientApp that starts at once often finds an object missing and, with
 Flower's backoff, waited 1 s or 1 + 2 s for it on every message."""
+
+
+LOCAL_PULL_BACKOFF = {"initial_backoff": 0.02, "backoff_cap": 0.1, "max_tries_per_object": 100_000}
+"""A ClientApp task's pulls from its own SuperNode (loopback): a ``fedhet supernode``
+hands a task out as soon as its message is stored (``FEDHET_EARLY_TASK``), while the
+message's objects still arrive from the SuperLink; the task asks again after 0.02 s,
+doubling to 0.1 s (at most 0.1 s late; one local request per 0.1 s while it waits)."""
+
+OBJECT_CONCURRENCY = 16
+"""Objects a fedhet process moves at once (env ``FEDHET_OBJECT_CONCURRENCY``): the
+SuperNode's pulls of a message's objects from the SuperLink and pushes of its reply's,
+the ServerApp's pushes and reply pulls. Each object is one request, so at most this
+many round trips' worth of requests travel together: a head-sized message (8 objects)
+in one round trip, CNN-1 whole (24) in two. Flower moves
+``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS`` / ``_PUSHES`` (2) at once, and never more
+than the machine has cores (``get_num_workers``): on a 2-core node its variables
+change nothing. 16 stays below the 20 connections Flower's HTTP client keeps open
+(each object in flight needs one; a new connection costs a TCP and a TLS handshake)."""
+
+
+def object_concurrency(default: int = OBJECT_CONCURRENCY) -> int | None:
+    """``FEDHET_OBJECT_CONCURRENCY`` (objects at once, >= 1) or ``default``;
+    ``flower``: None (Flower's own: 2, at most the cores)."""
+    text = os.environ.get("FEDHET_OBJECT_CONCURRENCY", "").strip()
+    if not text:
+        return default
+    if text == "flower":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(
+            f"FEDHET_OBJECT_CONCURRENCY={text!r}: an integer >= 1 (objects moved at once), "
+            "or 'flower'"
+        )
+    return value
+
+
+def concurrent_objects(
+    module_name: str, pull: str | None = None, push: str | None = None, *, count: int
+) -> None:
+    """``count`` objects at once where ``module_name`` pulls (``pull``: its
+    ``pull_objects``, with :data:`PULL_BACKOFF`) and pushes (``push``: its
+    ``push_objects`` or ``push_object_contents_from_iterable``), and no cap by the
+    number of cores in this process (``get_num_workers``)."""
+    utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
+    cap = flower_internal(utils.__name__, "get_num_workers")
+    if not isinstance(cap, _Uncapped):
+        setattr(utils, "get_num_workers", _Uncapped(cap))  # noqa: B010
+    if pull is not None:
+        fast_object_pulls(module_name, pull, max_concurrent_pulls=count)
+    if push is not None:
+        _with_keywords(module_name, push, {"max_concurrent_pushes": count})
+
+
+class _Uncapped:
+    """Flower's ``get_num_workers`` without its cap at the number of cores: moving
+    objects waits on the network, not on a core."""
+
+    def __init__(self, capped: Any) -> None:
+        self.capped = capped
+
+    def __call__(self, max_concurrent: int) -> int:
+        return max(1, int(max_concurrent))
+
+
+def _with_keywords(module_name: str, name: str, keywords: dict[str, Any]) -> None:
+    """Replace ``module_name.name`` by the same function with ``keywords`` (once)."""
+    module = importlib.import_module(module_name)
+    function = flower_internal(module_name, name)
+    if isinstance(function, functools.partial):
+        return  # already done in this process
+    try:
+        inspect.signature(function).bind_partial(**keywords)
+    except TypeError as exc:
+        raise RuntimeError(
+            f"fedhet needs flwr==1.42.0: {module_name}.{name} no longer takes "
+            f"{sorted(keywords)} ({exc})"
+        ) from None
+    setattr(module, name, functools.partial(function, **keywords))
 
 
 def log(level: int, msg: str, *args: Any) -> None:
@@ -78,19 +164,9 @@ def flower_internal(module: str, name: str) -> Any:
         ) from None
 
 
-def fast_object_pulls(module_name: str, name: str) -> None:
+def fast_object_pulls(module_name: str, name: str, **extra: Any) -> None:
     """Replace ``module_name.name`` (Flower's ``pull_objects`` or
     ``pull_and_inflate_object_from_tree``, as that module imported it) by the same
-    function with :data:`PULL_BACKOFF`; only that module's reference changes."""
-    module = importlib.import_module(module_name)
-    pull = flower_internal(module_name, name)
-    if isinstance(pull, functools.partial):
-        return  # already done in this process
-    try:
-        inspect.signature(pull).bind_partial(**PULL_BACKOFF)
-    except TypeError as exc:
-        raise RuntimeError(
-            f"fedhet needs flwr==1.42.0: {module_name}.{name} no longer takes "
-            f"{sorted(PULL_BACKOFF)} ({exc})"
-        ) from None
-    setattr(module, name, functools.partial(pull, **PULL_BACKOFF))
+    function with :data:`PULL_BACKOFF` (and ``extra`` keywords); only that module's
+    reference changes."""
+    _with_keywords(module_name, name, {**PULL_BACKOFF, **extra})

@@ -18,7 +18,8 @@ the SuperLink while no reply can be there either (run-config ``reply-poll``):
 
 The reply objects it pulls are retried with the node side's short backoff
 (``common.flower_runtime.PULL_BACKOFF``: 0.05 s doubling to 0.5 s, not Flower's 1 s
-doubling to 10 s).
+doubling to 10 s), and it moves
+:data:`~common.flower_runtime.OBJECT_CONCURRENCY` objects at once (Flower: 2).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from common.flower_runtime import fast_object_pulls
+from common.flower_runtime import concurrent_objects, fast_object_pulls, object_concurrency
 
 REPLY_POLLS = ("informed", "fixed", "flower")
+HTTP_GRID = "flwr.superlink.grid.http_grid"
 LEAD = 0.8
 """Fast polls start at this share of the phase's expected time to its last reply."""
 GROWTH = 0.05
@@ -62,7 +64,11 @@ class PollingGrid(Grid):
         """Phase kind -> seconds from its push to its last reply, last time."""
         self.polls = 0
         """Reply polls sent so far (``pull_messages`` calls)."""
-        fast_object_pulls("flwr.superlink.grid.http_grid", "pull_objects")
+        count = object_concurrency()
+        if count is None:
+            fast_object_pulls(HTTP_GRID, "pull_objects")
+        else:
+            concurrent_objects(HTTP_GRID, "pull_objects", "push_objects", count=count)
 
     def set_run(self, run: Run) -> None:
         self._grid.set_run(run)

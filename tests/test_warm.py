@@ -261,7 +261,10 @@ def test_object_pulls_retry_a_missing_object_after_a_short_wait(
     fast_object_pulls(module, name)
     fast_object_pulls(module, name)  # idempotent
     patched = getattr(mod, name)
-    assert patched.keywords == PULL_BACKOFF
+    # with the backoff: the ServerApp's grid (a test that built one before may have
+    # patched its module already) also moves several objects at once
+    assert {k: patched.keywords.get(k) for k in PULL_BACKOFF} == PULL_BACKOFF
+    assert set(patched.keywords) <= {*PULL_BACKOFF, "max_concurrent_pulls"}
     # the patched function itself where it is ``pull_objects``; the one that
     # ``pull_and_inflate_object_from_tree`` hands its keywords to otherwise
     keywords = patched.keywords
