@@ -229,3 +229,118 @@ def test_a_federation_behind_links_completes(tmp_path: Path) -> None:
         # each node pulled at least its two rounds' arrays down and pushed them up
         assert c["bytes-down"] > results["summary"]["bytes-down-total"] / 2
         assert c["bytes-up"] > results["summary"]["bytes-up-total"] / 2
+
+
+# ------------------------------------------------------------------ the cuts on the node
+def _barrier_mover(
+    parties: int,
+) -> tuple[threading.Barrier, object]:
+    """A pull/push function whose calls only return once ``parties`` are in flight
+    together (a barrier that breaks after 5 s otherwise)."""
+    barrier = threading.Barrier(parties, timeout=5)
+
+    def move(object_id: str, content: bytes = b"") -> bytes:
+        barrier.wait()
+        return b"content"
+
+    return barrier, move
+
+
+def test_objects_move_together_not_two_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower moves 2 objects at once, and never more than the machine's cores; with
+    :func:`concurrent_objects` a message's 8 objects are in flight together (one round
+    trip instead of four)."""
+    import types as pytypes
+
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    from common.flower_runtime import concurrent_objects
+
+    monkeypatch.setattr(iu, "get_num_workers", iu.get_num_workers)  # restored afterwards
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    fake = pytypes.ModuleType("fake_flower_transfers")
+    fake.pull_objects = iu.pull_objects  # type: ignore[attr-defined]
+    fake.push = iu.push_object_contents_from_iterable  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_flower_transfers", fake)
+    ids = [f"{i:064x}" for i in range(8)]
+
+    _, move = _barrier_mover(8)
+    with pytest.raises(threading.BrokenBarrierError):
+        fake.pull_objects(ids, move)  # Flower's own: 2 at once
+
+    concurrent_objects("fake_flower_transfers", "pull_objects", "push", count=16)
+    _, move = _barrier_mover(8)
+    assert fake.pull_objects(ids, move) == dict.fromkeys(ids, b"content")
+    _, move = _barrier_mover(8)
+    fake.push(((i, b"x") for i in ids), move)
+    # the pulls keep the short backoff for a missing object
+    assert fake.pull_objects.keywords["initial_backoff"] == 0.05
+
+
+def _confirming_watch(along: bool):  # type: ignore[no-untyped-def]
+    """A RunWatch over a pull that confirms its message, a confirmation that waits
+    for ``release``; (watch, started, release, done)."""
+    from cli.supernode import RunWatch
+
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def confirm(run_id: int, message_id: str) -> None:
+        started.set()
+        release.wait(5)
+        done.append(message_id)
+
+    def pull(*, state, receive, get_run, confirm_message_received):  # type: ignore[no-untyped-def]
+        confirm_message_received(1, "m1")
+        return 1
+
+    pushed: list[list[str]] = []
+
+    def push(*, state, object_store):  # type: ignore[no-untyped-def]
+        pushed.append(list(done))  # what was confirmed when the reply went out
+
+    watch = RunWatch(pull, push, confirm_along=along)
+    call = {"state": object(), "receive": lambda: None, "get_run": None}
+    return watch, call, started, release, done, confirm, pushed
+
+
+def test_the_confirmation_travels_along_with_the_task() -> None:
+    """With ``confirm_along`` the loop goes on (the task starts) while the message's
+    confirmation is in flight; the reply goes out only after it is done."""
+    from types import SimpleNamespace
+
+    watch, call, started, release, done, confirm, pushed = _confirming_watch(True)
+    assert watch.pull(**call, confirm_message_received=confirm) == 1
+    assert started.wait(5) and done == []  # pulled and returned; still confirming
+    threading.Timer(0.2, release.set).start()
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+    state = SimpleNamespace(get_messages_legacy=lambda **kw: [reply])
+    watch.push(state=state, object_store=None)
+    assert pushed == [["m1"]]
+
+
+def test_without_it_the_pull_waits_for_the_confirmation() -> None:
+    watch, call, started, release, done, confirm, _ = _confirming_watch(False)
+    threading.Timer(0.2, release.set).start()
+    assert watch.pull(**call, confirm_message_received=confirm) == 1
+    assert done == ["m1"]
+
+
+def test_a_stored_instruction_rings_for_its_task_a_reply_does_not() -> None:
+    from types import SimpleNamespace
+
+    from cli.supernode import _RingsOnStore
+
+    rings: list[int] = []
+    stored: list[object] = []
+    state = _RingsOnStore(
+        SimpleNamespace(store_message=stored.append, get_node_id=lambda: 7),
+        lambda: rings.append(1),
+    )
+    instruction = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=""))
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+    state.store_message(instruction)
+    assert rings == [1]
+    state.store_message(reply)
+    assert rings == [1] and stored == [instruction, reply]
+    assert state.get_node_id() == 7  # everything else is the state's
