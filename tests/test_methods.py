@@ -1,6 +1,8 @@
 """The extension path: a method defined entirely in this module, registered and run.
 
-``toyhead`` is what docs/adding-a-method.md builds: clients upload their trained head,
+``toyhead`` is docs/adding-a-method.md's method with settings, registered from outside
+the project (the page's built-in example, ``medhead``, is run by
+tests/test_adding_a_method.py): clients upload their trained head,
 the server moves the global head towards the *unweighted* mean of the uploads by
 ``toyhead.server-mix``. It touches no project file: its config section, strategy,
 client hook and registration live here, and it runs 2 rounds through the real
