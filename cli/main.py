@@ -407,6 +407,50 @@ def audit(
     typer.echo(f"\n{path}\n{grid}")
 
 
+@app.command("export")
+def export_models(
+    source: Annotated[Path, typer.Argument(help="A simulation's out-dir, or a node's state-dir.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the .onnx and .json files.")],
+    client: Annotated[
+        int | None, typer.Option(help="Only this client (partition id); default: every one.")
+    ] = None,
+) -> None:
+    """Write each client's personal model, as it predicts, as ONNX with a JSON card beside it.
+
+    The newest evaluated model of each client (kept at every evaluation): client-N.onnx and
+    client-N.json (classes, input shape, normalisation, algorithm, round, run, accuracy on
+    the client's own test split). Needs `pip install 'fedhet[export]'`."""
+    from cli.export import export_run
+
+    try:
+        export_run(source, out, client, echo=typer.echo)
+    except (ConfigError, ImportError) as exc:
+        typer.echo(f"fedhet: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def predict(
+    model: Annotated[Path, typer.Argument(help="A .onnx file `fedhet export` wrote.")],
+    inputs: Annotated[
+        list[Path], typer.Argument(help="Image files, folders of them, .npz files with 'x'.")
+    ],
+    dataset: Annotated[
+        str, typer.Option(help="Refuse a model of another dataset (e.g. fashion-mnist).")
+    ] = "",
+    batch_size: Annotated[int, typer.Option(help="Images per ONNX Runtime call.")] = 256,
+) -> None:
+    """Print the class of each input with ONNX Runtime (no torch): input, index, name.
+
+    An .npz with labels 'y' also gets its accuracy (on stderr); bad input stops with one
+    line and exit status 1."""
+    from cli.predict import run
+
+    status = run(model, inputs, dataset, batch_size)
+    if status:
+        raise typer.Exit(status)
+
+
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 

@@ -14,6 +14,7 @@ from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.clock import timing_metrics
+from client_app.export import keep_evaluated
 from common import methods
 from common.config import Scalar
 from common.records import to_record, to_torch
@@ -165,6 +166,7 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
         g = hook.evaluate(run, *official)
         metrics["global-correct"] = g.correct
         metrics["global-num-examples"] = g.num_examples
+    keep_evaluated(hook, run, context.run_id, stats.accuracy)  # fedhet export, onnx-export
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 

@@ -18,6 +18,11 @@ models across runs). The
 fingerprint covers every setting that changes the model's structure or meaning
 (algorithm, model.*, data.*, seed, the algorithm's own section, the architecture):
 change one and the node starts fresh instead of loading an incompatible model.
+
+Every evaluation also keeps the model as the client evaluated it (what the server sent
+installed, see :mod:`client_app.export`) in ``<dir>/evaluated/`` under the same stem
+(:func:`save_evaluated`; the two newest evaluated rounds are kept): the model the
+client predicts with, which ``fedhet export`` turns into an ONNX file.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.common.logger import log
@@ -97,23 +103,56 @@ def save(
     """Write round ``server_round``'s version of run ``lineage`` atomically (write,
     fsync, rename: a kill mid-write leaves the earlier versions intact); drop all but
     the newest ``KEEP``."""
+    doc = {
+        "model": {k: v.detach().cpu() for k, v in model_state.items()},
+        "rounds-trained": rounds_trained,
+    }
+    _write_version(stem, doc, server_round, lineage)
+
+
+def _write_version(stem: Path, doc: dict[str, Any], server_round: int, lineage: str) -> Path:
+    """``doc`` as ``<stem>.r<round>.<lineage>.pt`` (write, fsync, rename); all but the
+    newest ``KEEP`` versions of ``stem`` removed."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     tag = clean_lineage(lineage)
     path = stem.parent / (f"{stem.name}.r{server_round:06d}" + (f".{tag}" if tag else "") + ".pt")
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "wb") as fh:
-        torch.save(
-            {
-                "model": {k: v.detach().cpu() for k, v in model_state.items()},
-                "rounds-trained": rounds_trained,
-            },
-            fh,
-        )
+        torch.save(doc, fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     for old in versions(stem)[:-KEEP]:
         old.path.unlink(missing_ok=True)
+    return path
+
+
+EVALUATED = "evaluated"
+"""Subfolder of a state directory with the models as the client evaluated them."""
+
+
+def evaluated_stem(stem: Path) -> Path:
+    """``<dir>/evaluated/<stem's name>``: where :func:`save_evaluated` writes."""
+    return stem.parent / EVALUATED / stem.name
+
+
+def save_evaluated(stem: Path, doc: dict[str, Any], server_round: int, lineage: str = "") -> Path:
+    """Keep round ``server_round``'s evaluated model of run ``lineage`` (``doc``: tensors,
+    numbers and strings only) as a version of :func:`evaluated_stem` (atomically, the
+    newest ``KEEP`` kept); its path."""
+    return _write_version(evaluated_stem(stem), doc, server_round, lineage)
+
+
+def newest_evaluated(state_dir: Path) -> Path | None:
+    """The evaluated model written last under a state directory (any run, any
+    algorithm: the node's current one), or None."""
+    found = []
+    for path in (Path(state_dir) / EVALUATED).glob("*.r*.pt"):
+        try:
+            found.append((path.stat().st_mtime_ns, path.name, path))
+        except OSError:  # removed meanwhile
+            continue
+    return max(found)[2] if found else None
 
 
 def pick(

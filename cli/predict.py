@@ -1,0 +1,247 @@
+"""``fedhet predict``: classify images with an exported model, ONNX Runtime only.
+
+Standalone on purpose: this file imports only the standard library, numpy, onnxruntime
+and (for image files) Pillow, never torch or the rest of fedhet, so an inference-only
+device can run it as ``python predict.py MODEL.onnx INPUT...`` with just those three
+packages (docs/personal-models.md).
+
+Inputs: image files (PNG, JPEG, ...; mode ``L`` for a 1-channel model, ``RGB`` for a
+3-channel one, exactly the model's height and width), folders of them, or ``.npz``
+files with an ``x`` array: ``uint8 [n, H, W]`` / ``[n, H, W, C]`` pixels (normalised
+here with the model card's mean and std) or ``float32 [n, C, H, W]`` already
+normalised. An ``.npz`` that also holds labels ``y`` gets its accuracy printed.
+
+One line per input on stdout: ``<input>\\t<class index>\\t<class name>``. Any bad input
+(a missing or unreadable model, an image of the wrong size or channel count, labels
+the model has no class for, a model of another dataset than ``--dataset``) stops
+with one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm")
+METADATA_KEY = "fedhet"
+"""Key of the model card in the ONNX model's metadata (as ``client_app.export`` writes)."""
+
+
+class PredictError(Exception):
+    """Bad input: the message is the one line printed."""
+
+
+class Model:
+    """An exported model and its card, in an ONNX Runtime session."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise PredictError("predict needs onnxruntime: pip install onnxruntime") from None
+        if not path.is_file():
+            raise PredictError(f"{path}: no such model file")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only: the one line below says what failed
+        try:
+            self.session = ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PredictError(f"{path}: not a readable ONNX model ({first[:200]})") from None
+        self.card = self._card(path)
+        shape = self.card["input"]["shape"]
+        self.channels, self.height, self.width = int(shape[1]), int(shape[2]), int(shape[3])
+        self.classes: list[str] = [str(c) for c in self.card["classes"]]
+        norm = self.card["normalisation"]
+        self.mean = np.asarray(norm["mean"], np.float32).reshape(1, -1, 1, 1)
+        self.std = np.asarray(norm["std"], np.float32).reshape(1, -1, 1, 1)
+        self.input = self.session.get_inputs()[0].name
+
+    def _card(self, path: Path) -> dict[str, Any]:
+        """The model card: from the model's metadata, else the JSON beside it."""
+        text = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        side = path.with_suffix(".json")
+        if text is None and side.is_file():
+            text = side.read_text()
+        if text is None:
+            raise PredictError(f"{path}: no model card (not exported by fedhet, and no {side})")
+        try:
+            card: dict[str, Any] = json.loads(text)
+            ok = len(card["input"]["shape"]) == 4 and len(card["classes"]) > 0
+            ok = ok and len(card["normalisation"]["mean"]) == len(card["normalisation"]["std"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PredictError(f"{path}: unreadable model card ({exc})") from None
+        if not ok:
+            raise PredictError(f"{path}: malformed model card")
+        return card
+
+    def normalise(self, pixels: np.ndarray) -> np.ndarray:
+        """``uint8 [n, C, H, W]`` -> the model's input (the card's mean and std)."""
+        x = pixels.astype(np.float32) / np.float32(255.0)
+        return ((x - self.mean) / self.std).astype(np.float32)
+
+    def check(self, x: np.ndarray, where: str) -> None:
+        want = (self.channels, self.height, self.width)
+        if tuple(x.shape[1:]) != want:
+            raise PredictError(
+                f"{where}: images of {x.shape[1]} channel(s), {x.shape[2]}x{x.shape[3]} "
+                f"pixels; the model takes {self.channels} channel(s), "
+                f"{self.height}x{self.width} (dataset {self.card.get('dataset')})"
+            )
+
+    def scores(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """The model's scores ``[n, classes]`` for normalised ``x [n, C, H, W]``."""
+        out = [
+            self.session.run(None, {self.input: x[i : i + batch_size]})[0]
+            for i in range(0, len(x), batch_size)
+        ]
+        return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
+
+
+def read_image(path: Path, model: Model) -> np.ndarray:
+    """One image file as ``uint8 [1, C, H, W]``, checked against the model."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise PredictError("image files need Pillow: pip install pillow") from None
+    try:
+        with Image.open(path) as img:
+            mode = img.mode
+            if mode not in ("1", "L", "RGB"):
+                raise PredictError(
+                    f"{path}: image mode {mode}; use a grayscale (L) or RGB image "
+                    f"(the model takes {model.channels} channel(s))"
+                )
+            gray = img.convert("L") if mode == "1" else img
+            pixels = np.asarray(gray, dtype=np.uint8)
+    except PredictError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - PIL raises several kinds
+        raise PredictError(f"{path}: not a readable image ({exc})") from None
+    chw = pixels[None, :, :] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    x = chw[None]
+    model.check(x, str(path))
+    return x
+
+
+def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` of an ``.npz`` as the model's input, and its labels ``y`` if present."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            x = archive["x"]
+            y = archive["y"] if "y" in archive.files else None
+    except KeyError:
+        raise PredictError(f"{path}: no array 'x'") from None
+    except (OSError, ValueError) as exc:
+        raise PredictError(f"{path}: not a readable .npz ({exc})") from None
+    if x.dtype == np.uint8 and x.ndim in (3, 4):
+        pixels = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+        model.check(pixels, f"{path} 'x'")
+        inputs = model.normalise(pixels)
+    elif x.dtype == np.float32 and x.ndim == 4:
+        model.check(x, f"{path} 'x'")
+        inputs = np.ascontiguousarray(x)
+    else:
+        raise PredictError(
+            f"{path}: 'x' is {x.dtype} {list(x.shape)}; expected uint8 [n, H, W(, C)] "
+            "pixels or float32 [n, C, H, W] normalised images"
+        )
+    if y is not None:
+        if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
+            raise PredictError(f"{path}: 'y' must hold one integer label per image")
+        if len(y) and (y.min() < 0 or y.max() >= len(model.classes)):
+            raise PredictError(
+                f"{path}: labels {int(y.min())}..{int(y.max())}, but the model knows "
+                f"{len(model.classes)} classes (dataset {model.card.get('dataset')}): "
+                "a model of another dataset"
+            )
+    return inputs, y
+
+
+def expand(inputs: Sequence[Path]) -> Iterator[Path]:
+    """Files in order; a folder gives its image files, sorted by name."""
+    for path in inputs:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise PredictError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+            yield from found
+        elif path.is_file():
+            yield path
+        else:
+            raise PredictError(f"{path}: no such file or folder")
+
+
+def predict(
+    model_path: Path, inputs: Sequence[Path], dataset: str = "", batch_size: int = 256
+) -> tuple[list[tuple[str, int, str]], float | None]:
+    """``(input, class index, class name)`` per input, and the accuracy over the
+    labelled ``.npz`` inputs (None without labels)."""
+    model = Model(model_path)
+    if dataset and model.card.get("dataset") != dataset:
+        raise PredictError(
+            f"{model_path}: a model of dataset {model.card.get('dataset')!r}, "
+            f"not {dataset!r} (--dataset)"
+        )
+    rows: list[tuple[str, int, str]] = []
+    hits = labelled = 0
+    images: list[tuple[str, np.ndarray]] = []
+
+    def flush() -> None:  # images in a row: one batch, in input order
+        if images:
+            scores = model.scores(np.concatenate([x for _, x in images]), batch_size)
+            for (name, _), c in zip(images, scores.argmax(1), strict=True):
+                rows.append((name, int(c), model.classes[int(c)]))
+            images.clear()
+
+    for path in expand(inputs):
+        if path.suffix.lower() != ".npz":
+            images.append((str(path), model.normalise(read_image(path, model))))
+            continue
+        flush()
+        x, y = read_npz(path, model)
+        classes = model.scores(x, batch_size).argmax(1)
+        rows += [(f"{path}[{i}]", int(c), model.classes[int(c)]) for i, c in enumerate(classes)]
+        if y is not None:
+            hits += int((classes == y).sum())
+            labelled += len(y)
+    flush()
+    return rows, (hits / labelled if labelled else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="predict", description="Classify images with a model `fedhet export` wrote."
+    )
+    parser.add_argument("model", type=Path, help="the .onnx file")
+    parser.add_argument("inputs", type=Path, nargs="+", help="image files, folders, .npz files")
+    parser.add_argument("--dataset", default="", help="refuse a model of another dataset")
+    parser.add_argument("--batch-size", type=int, default=256)
+    args = parser.parse_args(argv)
+    return run(args.model, args.inputs, args.dataset, args.batch_size)
+
+
+def run(model: Path, inputs: Sequence[Path], dataset: str = "", batch_size: int = 256) -> int:
+    """Print the predictions (and the accuracy on labelled inputs); the exit status."""
+    try:
+        rows, accuracy = predict(model, inputs, dataset, batch_size)
+    except PredictError as exc:
+        print(f"fedhet predict: {exc}", file=sys.stderr)
+        return 1
+    for name, index, label in rows:
+        print(f"{name}\t{index}\t{label}")
+    if accuracy is not None:
+        print(f"accuracy {accuracy:.6f}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
