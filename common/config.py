@@ -36,6 +36,7 @@ from common.sections import (
     FedREConfig,
     FedTGPConfig,
     FMLConfig,
+    LogConfig,
     ModelConfig,
     PrivacyConfig,
     RobustConfig,
@@ -134,6 +135,7 @@ class RunConfig(Section):
     fml: FMLConfig = FMLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
+    log: LogConfig = LogConfig()
 
     @field_validator("fleet")
     @classmethod

@@ -259,6 +259,16 @@ class PrivacyConfig(Section):
     """LocalDpMod's δ (used when ``privacy.dp-clip`` > 0)."""
 
 
+class LogConfig(Section):
+    """``log.*``: where a run's metrics go while it runs, besides results.json."""
+
+    tensorboard: str = ""
+    """A folder for TensorBoard event files (needs ``pip install 'fedhet[tensorboard]'``):
+    every completed round's metrics are written to ``<folder>/<out-dir's name>`` as the
+    run goes, in simulation and deployment (the ServerApp writes them); view with
+    ``tensorboard --logdir <folder>``. Empty = off."""
+
+
 class FedARAConfig(Section):
     """``fedara.*``: rank tiers, decomposed layers, anchor loss."""
 

@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import Strategy
 from common.config import RunConfig, flatten
 from common.records import content_bytes
 from server_app import checkpoint
+from server_app.tracking import Tracker
 from strategies.base import HeteroStrategy, NodeInfo
 from strategies.clock import round_seconds
 
@@ -97,6 +98,7 @@ class Recorded(Strategy):
         self._elapsed = 0.0
         """Wall time of the run before this process."""
         self._start = self._mark = time.perf_counter()
+        self.tracker = Tracker.from_config(cfg, out_dir)  # log.tensorboard
         self._reset()
 
     def resume_from(self, checkpoint: dict[str, Any]) -> None:
@@ -181,6 +183,7 @@ class Recorded(Strategy):
         self.inner.size_ratios = {}
         self._mark = now
         self.rounds.append(row)
+        self.tracker.log_round(row, self.inner.rejected)
         self._reset()
         self._print(row)
         self.write()
