@@ -40,14 +40,18 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends dataset-fashion-mnist curl \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/fedhet /opt/fedhet
-# uid/gid 49999 as in Flower's official images. docker-compose.yml runs the SuperLink
-# as the host user with this group instead (so that the results it writes to the host
-# folder are the host user's): its home and FLWR_HOME are group-writable for that.
+# uid/gid 49999 as in Flower's official images; every container runs as it unless told
+# otherwise. docker-compose.yml runs the SuperLink as the host user with this group
+# instead (so that the results it writes to the host folder are the host user's): its
+# home and FLWR_HOME are group-writable for that; and the one-shot `init` as root (it
+# hands each secret to the uid that reads it, in volumes it owns). /state and the cache
+# folder exist here owned by this user, so a new volume mounted on them starts out its.
 RUN groupadd --gid 49999 fedhet \
  && useradd --create-home --uid 49999 --gid 49999 fedhet \
  && mkdir -p /flwr-home /state /home/fedhet/.cache/fedhet /home/fedhet/fedhet-runs \
  && chown -R fedhet:fedhet /flwr-home /state /home/fedhet \
  && chmod -R g+w /flwr-home /home/fedhet
+USER 49999:49999
 WORKDIR /home/fedhet
 EXPOSE 9092 9094
 CMD ["fedhet", "--help"]

@@ -1,6 +1,8 @@
 """A real federation on one machine: SuperLink + N SuperNodes as processes.
 
-TLS and SuperNode authentication are on unless ``secure=False``. The commands are
+TLS and SuperNode authentication are on unless ``secure=False``; each node's warm
+executor authenticates to its SuperNode with the node's own secret
+(``--superexec-auth-secret-file``) either way. The commands are
 built by :func:`superlink_command` / :func:`supernode_command`, the same functions
 whose output ``docker-compose.yml`` is checked against, so what is tested on
 loopback is what the containers run.
@@ -34,7 +36,12 @@ from cli.launch import (
     write_run_config,
 )
 from cli.linkproxy import Link, wait_listening
-from cli.security import make_certificates, make_node_keys
+from cli.security import (
+    make_certificates,
+    make_node_keys,
+    make_superexec_secrets,
+    superexec_secret_path,
+)
 
 CONNECTION = "fedhet-federation"
 
@@ -89,13 +96,16 @@ def supernode_command(
     ca: Path | None,
     key: Path | None,
     node_config: Mapping[str, Scalar],
+    superexec_secret: Path | None,
     warm: bool = True,
 ) -> list[str]:
     """The SuperNode with TLS root certificate and its auth key (or insecure).
 
     ``warm``: ``fedhet supernode`` (Flower's, with short polling) in process isolation,
-    its tasks run by a :func:`superexec_command` next to it; otherwise Flower's stock
-    ``flower-supernode`` starting its own SuperExec (a fresh process per message)."""
+    its tasks run by a :func:`superexec_command` next to it, which must prove it holds
+    ``superexec_secret`` (the same file) before it gets a task; otherwise Flower's stock
+    ``flower-supernode`` starting its own SuperExec (a fresh process per message; Flower
+    ignores a secret in that mode)."""
     cmd = ["fedhet", "supernode"] if warm else ["flower-supernode"]
     cmd += ["--superlink", superlink]
     cmd += ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
@@ -103,6 +113,8 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(key)]
     if warm:
         cmd += ["--isolation", "process"]
+        if superexec_secret is not None:
+            cmd += ["--superexec-auth-secret-file", str(superexec_secret)]
     return cmd + [
         "--host",
         host,
@@ -113,10 +125,12 @@ def supernode_command(
     ]
 
 
-def superexec_command(*, runtime_api: str) -> list[str]:
+def superexec_command(*, runtime_api: str, secret: Path | None) -> list[str]:
     """``fedhet superexec`` (the warm executor) for the SuperNode whose Runtime API is
-    ``runtime_api`` (loopback, plain HTTP, as Flower's own SuperExec connects)."""
-    return ["fedhet", "superexec", "--insecure", "--runtime-api-address", runtime_api]
+    ``runtime_api`` (the node's own address, plain HTTP, as Flower's own SuperExec
+    connects), signing its task requests with the node's ``secret``."""
+    cmd = ["fedhet", "superexec", "--insecure", "--runtime-api-address", runtime_api]
+    return cmd + ([] if secret is None else ["--superexec-auth-secret-file", str(secret)])
 
 
 @dataclass
@@ -177,6 +191,8 @@ class Federation:
         if self.certs is not None:
             make_certificates(self.certs, ["localhost", "127.0.0.1"])
             make_node_keys(self.keys, len(self.node_configs) + 1)  # +1: never registered
+        if self.warm:
+            make_superexec_secrets(self.keys, len(self.node_configs))
         self.start_superlink()
         write_connection(
             self.home,
@@ -251,14 +267,20 @@ class Federation:
             ca=self.certs / "ca.crt" if self.certs else None,
             key=key,
             node_config=self.node_configs[i],
+            superexec_secret=self.secret(i),
             warm=self.warm,
         )
+
+    def secret(self, i: int) -> Path | None:
+        """Node ``i``'s executor secret (None with Flower's stock executor)."""
+        return superexec_secret_path(self.keys, i) if self.warm else None
 
     def start_node(self, i: int) -> subprocess.Popen[bytes]:
         proc = self.procs.start(f"supernode-{i}", self.node_command(i))
         if self.warm:
+            runtime_api = f"127.0.0.1:{self.node_ports[i]}"
             self.procs.start(
-                f"superexec-{i}", superexec_command(runtime_api=f"127.0.0.1:{self.node_ports[i]}")
+                f"superexec-{i}", superexec_command(runtime_api=runtime_api, secret=self.secret(i))
             )
         return proc
 

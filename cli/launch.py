@@ -383,3 +383,28 @@ def run_simulation(
         run_id = stream_run(cmd, env, app_dir, log_path, echo, timeout)
         status = run_status(env, conn, run_id, app_dir) if run_id else "not started"
         return RunOutcome(run_id, status, log_path)
+
+
+def run_deployed(
+    app_dir: Path,
+    connection: str,
+    overrides: Mapping[str, Scalar],
+    *,
+    flwr_home: Path | None = None,
+    timeout: float = 24 * 3600,
+    echo: Callable[[str], None] | None = None,
+) -> RunOutcome:
+    """``flwr run app_dir connection --stream`` on a federation that is already running
+    (the Docker stack, devices), with the real status from ``flwr list`` afterwards."""
+    app_dir = Path(app_dir).resolve()
+    home = Path(flwr_home or os.environ.get("FLWR_HOME") or app_dir / ".flwr").resolve()
+    env = flower_env(home)
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    log_path = home / "logs" / f"{connection}-{int(time.time() * 1000)}.run.log"
+    with sigterm_as_exit(), tempfile.TemporaryDirectory() as tmp:
+        cmd = ["flwr", "run", str(app_dir), connection, "--stream"]
+        if overrides:
+            cmd += ["--run-config", str(write_run_config(overrides, Path(tmp)))]
+        run_id = stream_run(cmd, env, app_dir, log_path, echo, timeout)
+        status = run_status(env, connection, run_id, app_dir) if run_id else "not started"
+    return RunOutcome(run_id, status, log_path)

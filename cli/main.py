@@ -276,15 +276,58 @@ def certs(
 
 @app.command()
 def keys(
-    out_dir: Annotated[Path, typer.Argument(help="Folder for `node-<i>` / `node-<i>.pub`.")],
+    out_dir: Annotated[
+        Path,
+        typer.Argument(help="Folder for `node-<i>`, `node-<i>.pub`, `node-<i>.superexec-secret`."),
+    ],
     nodes: Annotated[int, typer.Option(help="How many SuperNode key pairs.")] = 3,
     start: Annotated[int, typer.Option(help="Index of the first pair.")] = 0,
+    secrets_only: Annotated[
+        bool,
+        typer.Option(
+            help="Only the executor secrets (node-<i>.superexec-secret), keeping the keys "
+            "(keys made before fedhet had secrets)."
+        ),
+    ] = False,
+    bundle: Annotated[
+        int | None,
+        typer.Option(
+            help="Make nothing: pack node BUNDLE's private key, its executor secret and "
+            "--ca into one archive for its device (and nothing else)."
+        ),
+    ] = None,
+    ca: Annotated[
+        Path | None, typer.Option(help="With --bundle: the CA certificate (ca.crt).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="With --bundle: the archive (default OUT_DIR/node-<i>-bundle.tar.gz)."),
+    ] = None,
 ) -> None:
-    """Create SuperNode key pairs (ECDSA P-384, OpenSSH) for node authentication."""
-    from cli.security import make_node_keys
+    """Create SuperNode key pairs (ECDSA P-384, OpenSSH) for node authentication and one
+    executor secret per node (0400); or, with --bundle, one device's files."""
+    from cli.security import bundle_node, make_node_keys, make_superexec_secrets
 
-    for private, public in make_node_keys(out_dir, nodes, start):
-        typer.echo(f"{private}  (register {public} with `flwr supernode register`)")
+    if bundle is not None:
+        if ca is None:
+            typer.echo("fedhet: --bundle needs --ca (the CA certificate, ca.crt)", err=True)
+            raise typer.Exit(2)
+        target = out or out_dir / f"node-{bundle}-bundle.tar.gz"
+        try:
+            path = bundle_node(out_dir, bundle, ca, target)
+        except (OSError, ValueError) as exc:
+            typer.echo(f"fedhet: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(
+            f"{path}  (node-{bundle}/ca.crt, node.key, superexec.secret: copy it to "
+            f"device {bundle} only, see docs/devices.md)"
+        )
+        return
+    if not secrets_only:
+        for private, public in make_node_keys(out_dir, nodes, start):
+            typer.echo(f"{private}  (register {public} with `flwr supernode register`)")
+    for secret in make_superexec_secrets(out_dir, nodes, start):
+        typer.echo(f"{secret}  (the node's SuperNode and executor: --superexec-auth-secret-file)")
 
 
 @app.command()
@@ -377,6 +420,35 @@ def federation(
         links=links,
     ) as fed:
         outcome = fed.run(overrides, echo=echo)
+    typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command("run")
+def run_deployed(
+    connection: Annotated[
+        str,
+        typer.Argument(
+            help="A SuperLink connection of $FLWR_HOME/config.toml (e.g. `compose`, "
+            "docs/deployment.md)."
+        ),
+    ],
+    run_config: RunConfigOpt = [],  # noqa: B006
+    verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
+) -> None:
+    """`flwr run . CONNECTION --stream` on a federation that is already running (the
+    Docker stack, devices); prints one line per round and exits 1 unless the run
+    finished as completed (`flwr run` itself exits 0 on a failed run)."""
+    from cli.launch import run_deployed as run_on
+
+    _, overrides = config_from(run_config)
+
+    def echo(line: str) -> None:
+        if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:
+            typer.echo(line)
+
+    outcome = run_on(APP_DIR, connection, overrides, echo=echo)
     typer.echo(f"run {outcome.run_id}: {outcome.status} (full log: {outcome.log_path})")
     if not outcome.ok:
         raise typer.Exit(1)

@@ -402,6 +402,14 @@ def run_superexec(argv: list[str]) -> None:
 
     setattr(module, "get_executor", get_executor)  # noqa: B010
     sys.argv = ["flower-superexec", *argv]
+    if not {"-h", "--help", "-V", "--version"} & set(argv):
+        from cli.executor_auth import ExecutorRefused, check_access
+
+        try:
+            check_access(argv)  # a node that refuses this executor: say why, status 3
+        except ExecutorRefused as refused:
+            flower_internal("flwr.common.logger", "log")(ERROR, "%s", refused.message)
+            raise
     flower_internal("flwr.supercore.cli.flower_superexec", "flower_superexec")()
 
 

@@ -163,3 +163,62 @@ def test_federation_superlink_state_file_or_memory(
         assert cmd[cmd.index("--database") + 1] == str(tmp_path / "superlink.db")
     else:
         assert "--database" not in cmd
+
+
+def test_fedhet_run_exits_1_when_the_run_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flwr run --stream` exits 0 on a failed run; `fedhet run` reads the status."""
+    import cli.launch
+    from cli.launch import RunOutcome
+
+    seen: dict[str, object] = {}
+
+    def fake(app_dir, connection, overrides, **kwargs):  # type: ignore[no-untyped-def]
+        seen.update(connection=connection, overrides=overrides)
+        return RunOutcome(7, seen["status"], Path("/tmp/x.log"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cli.launch, "run_deployed", fake)
+    for status, code in (("finished:failed", 1), ("finished:completed", 0)):
+        seen["status"] = status
+        out = runner.invoke(app, ["run", "compose", "-c", "num-server-rounds=2"])
+        assert out.exit_code == code, out.output
+        assert f"run 7: {status}" in out.output
+    assert seen["connection"] == "compose" and seen["overrides"] == {"num-server-rounds": 2}
+    bad = runner.invoke(app, ["run", "compose", "-c", "no-such-key=1"])
+    assert bad.exit_code == 2
+
+
+@pytest.mark.e2e
+def test_fedhet_run_on_a_running_federation_reports_completed_and_failed(tmp_path: Path) -> None:
+    """On a running federation (as the Docker stack is): a run whose ServerApp cannot
+    write its out-dir (the issue's first compose run on a root-owned deploy/results)
+    ends finished:failed and `fedhet run` exits 1; a good run exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    from cli.federation import CONNECTION, Federation
+    from tests.federation_support import run_overrides
+
+    configs = [{"partition-id": 0, "num-partitions": 1}]
+    with Federation(tmp_path / "fed", configs, ROOT, secure=False, durable=False) as fed:
+        one = {"num-server-rounds": 1, "min-train-nodes": 1, "min-evaluate-nodes": 1}
+        one["min-available-nodes"] = 1
+        not_a_folder = tmp_path / "a-file"
+        not_a_folder.write_text("")
+        fedhet = Path(sys.executable).with_name("fedhet")
+        codes = {}
+        for name, out_dir in (("failed", not_a_folder / "out"), ("ok", tmp_path / "out")):
+            overrides = {**run_overrides(fed, name, "local", **one), "out-dir": str(out_dir)}
+            pairs = " ".join(f"{k}={json.dumps(v)}" for k, v in overrides.items())
+            done = subprocess.run(
+                [str(fedhet), "run", CONNECTION, "-c", pairs],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+                env={**os.environ, "FLWR_HOME": str(fed.home)},
+            )
+            codes[name] = (done.returncode, done.stdout[-2000:] + done.stderr[-2000:])
+        assert codes["failed"][0] == 1 and "finished:failed" in codes["failed"][1], codes
+        assert codes["ok"][0] == 0 and "finished:completed" in codes["ok"][1], codes
+        assert (tmp_path / "out" / "results.json").exists()
