@@ -22,8 +22,9 @@ ort = pytest.importorskip("onnxruntime", reason="pip install -e '.[dev]' (onnxru
 pytest.importorskip("onnxscript", reason="pip install -e '.[dev]' (onnxscript)")
 
 from cli.export import evaluated_files, export_run  # noqa: E402
+from client_app import export as export_module  # noqa: E402
 from client_app.app import app as client_app  # noqa: E402
-from client_app.export import MODEL_FILE, predictor, replay  # noqa: E402
+from client_app.export import MODEL_FILE, predictor, replay, wants_onnx  # noqa: E402
 from common.config import ConfigError, parse_run_config  # noqa: E402
 from server_app.app import serve  # noqa: E402
 from server_app.inprocess import FakeGrid, small_config  # noqa: E402
@@ -168,3 +169,36 @@ def test_export_refuses_what_it_cannot_export(tmp_path: Path) -> None:
         evaluated_files(tmp_path / "run")
     with pytest.raises(ConfigError, match="no evaluated model of client 3"):
         evaluated_files(tmp_path / "run", 3)
+
+
+def test_a_failed_node_export_is_logged_and_the_round_goes_on(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def missing(*args: Any, **kwargs: Any) -> None:
+        raise ImportError("ONNX export needs onnxscript: pip install 'fedhet[export]'")
+
+    monkeypatch.setattr(export_module, "to_onnx", missing)
+    state = tmp_path / "state"
+    configs: list[dict] = [
+        {"state-dir": str(state / f"node-{i}"), "onnx-export": True} for i in (0, 1)
+    ]
+    res, _ = federate(tmp_path, cache, node_configs=configs, simulation=False, algorithm="local")
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert res["rounds"][-1]["accuracy"] is not None
+    assert not (state / "node-0" / MODEL_FILE).exists()
+    assert evaluated_files(state / "node-0")  # the evaluated model is kept all the same
+    assert "onnx-export: could not write" in caplog.text and "fedhet[export]" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "wanted"),
+    [(True, True), ("true", True), ("1", True), (False, False), ("false", False)],
+)
+def test_onnx_export_takes_true_or_false(value: Any, wanted: bool) -> None:
+    assert wants_onnx({"onnx-export": value}) is wanted
+    assert wants_onnx({}) is False
+
+
+def test_onnx_export_refuses_anything_else() -> None:
+    with pytest.raises(ConfigError, match="node-config onnx-export='yes' must be true or false"):
+        wants_onnx({"onnx-export": "yes"})
