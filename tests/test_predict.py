@@ -176,3 +176,22 @@ def test_the_right_dataset_passes_the_check(
     assert exported.card["dataset"] == "synthetic"
     assert run(exported.model, [exported.npz], "synthetic") == 0
     assert predicted(capsys.readouterr().out) == exported.torch_classes.tolist()
+
+
+def test_the_cli_commands_exit_1_with_one_line(tmp_path: Path) -> None:
+    """`fedhet export` of a folder with nothing evaluated, `fedhet predict` of a missing
+    model: exit status 1 and one line on stderr."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    (tmp_path / "empty").mkdir()
+    runner = CliRunner()
+    for args, says in (
+        (["export", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], "neither a run's"),
+        (["predict", str(tmp_path / "nope.onnx"), str(tmp_path)], "no such model file"),
+    ):
+        done = runner.invoke(app, args)
+        assert done.exit_code == 1, done.output
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and says in lines[0], done.stderr
