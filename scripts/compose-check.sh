@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Build the image, start docker-compose.yml (TLS, node auth, warm executors), check that
-# each container holds only its own secrets, run 2 rounds of fedre from the host twice
-# (the second run must repeat the first's metrics), check the results on the host are
-# yours, stop a long run while every node trains (its tasks must end within 10 s) and
-# run once more, tear everything down. Needs a Docker engine and network access for the build
-# (torch comes from a package index); not part of the test suite.
+# Build the image, start docker-compose.yml (TLS, node auth, warm executors with their
+# node's secret), check the uid of every process in every container (only init is root,
+# the SuperLink is FEDHET_UID, all else 49999), that each container holds only its own
+# secrets and that an executor without its node's secret gets no task, run 2 rounds of
+# fedre from the host twice with `fedhet run` (the second run must repeat the first's
+# metrics), check the results on the host are FEDHET_UID's, stop a long run while every
+# node trains (its tasks must end within 10 s; the uids are checked again with the task
+# processes running) and run once more, tear everything down. Needs a Docker engine and
+# network access for the build (torch comes from a package index); not part of the test
+# suite. deploy/results is left for the stack to make, as in a fresh clone.
 #
 #   bash scripts/compose-check.sh
 #   FEDHET_BASE=<bookworm image with python3-venv> FEDHET_TORCH_INDEX=https://pypi.org/simple \
@@ -14,7 +18,9 @@
 # FEDHET_BASE: base image (default python:3.11-slim-bookworm); FEDHET_TORCH_INDEX: where
 # pip finds torch (default the CPU wheels of download.pytorch.org); FEDHET_BUILD_CA: a CA
 # bundle pip needs during the build (a TLS-intercepting proxy; used by the build stage
-# only, never part of the image); FEDHET_BUILD_NETWORK: docker build --network.
+# only, never part of the image); FEDHET_BUILD_NETWORK: docker build --network;
+# FEDHET_UID: the host user the SuperLink runs as (default yours, id -u; as root, e.g.
+# FEDHET_UID=1000 tries what a non-root user of a fresh clone gets).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -45,8 +51,7 @@ source scripts/setup.sh
 
 export FEDHET_BASE="${FEDHET_BASE:-python:3.11-slim-bookworm}"
 export FEDHET_TORCH_INDEX="${FEDHET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-export FEDHET_UID
-FEDHET_UID="$(id -u)"
+export FEDHET_UID="${FEDHET_UID:-$(id -u)}"
 HOME_DIR="$(mktemp -d)"
 CA_COPY=deploy/build-ca/ca.crt
 
@@ -71,7 +76,12 @@ for f in deploy/certs/ca.key deploy/certs/server.key deploy/keys/node-0 deploy/k
 done
 [ -f deploy/certs/server.key ] || fedhet certs deploy/certs --host superlink --host localhost --host 127.0.0.1
 [ -f deploy/keys/node-2 ] || fedhet keys deploy/keys --nodes 3
-mkdir -p deploy/results
+[ -f deploy/keys/node-2.superexec-secret ] || fedhet keys deploy/keys --nodes 3 --secrets-only
+if [ -d deploy/results ]; then
+  tell "deploy/results exists (owner uid $(stat -c %u deploy/results)); the SuperLink writes it as FEDHET_UID=$FEDHET_UID"
+else
+  tell "no deploy/results: the engine makes it at start, init gives it to FEDHET_UID=$FEDHET_UID"
+fi
 if [ -n "${FEDHET_BUILD_CA:-}" ]; then cp "$FEDHET_BUILD_CA" "$CA_COPY"; fi
 
 # 3. Build.
@@ -94,6 +104,25 @@ for _ in $(seq 1 120); do
 done
 "${COMPOSE[@]}" ps
 [ "$healthy" -ge 4 ] || { "${COMPOSE[@]}" logs --tail 30; die "the stack did not become healthy"; }
+"${COMPOSE[@]}" logs init | grep -E 'deploy/results' || true
+
+# 5a. The uid of every running process, per service (docker top: the processes as the
+# kernel runs them, whatever the files say).
+"${COMPOSE[@]}" config >"$HOME_DIR/compose-config.yml"
+process_uids() {  # $1: when
+  local service cid rows=""
+  for service in $("${COMPOSE[@]}" ps --services --filter status=running 2>/dev/null ||
+    "${COMPOSE[@]}" ps --services); do
+    cid=$("${COMPOSE[@]}" ps -q "$service")
+    [ -n "$cid" ] || continue
+    [ "$(docker inspect -f '{{.State.Running}}' "$cid")" = true ] || continue
+    rows+=$(docker top "$cid" -eo uid,pid,args | tail -n +2 | sed "s/^/$service /")$'\n'
+  done
+  tell "process uids ($1):"
+  python scripts/process_uids.py --config "$HOME_DIR/compose-config.yml" --dockerfile Dockerfile <<<"$rows" ||
+    die "a process runs as another uid than its service's ($1)"
+}
+process_uids "stack up, idle"
 
 # 5. Each container holds only its own secrets.
 private_keys() {  # the private-key files a service's container can read
@@ -112,6 +141,27 @@ got=$(private_keys superlink | tr '\n' ' ')
 [ "$got" = "/certs/server.key " ] || die "the SuperLink can read private keys [$got], want only /certs/server.key"
 tell "secrets: each SuperNode reads only its own key (0400, uid 49999), the SuperLink only server.key"
 
+# 5b. Each node's SuperNode and executor hold that node's secret (0400, 49999); an
+# executor without it, or with another node's, is refused and gets no task.
+for i in 0 1 2; do
+  want=$(sha256sum "deploy/keys/node-$i.superexec-secret" | cut -c1-64)
+  for service in "supernode-$i" "superexec-$i"; do
+    got=$("${COMPOSE[@]}" exec -T "$service" sh -c 'stat -c "%a %u" /secrets/superexec.secret; sha256sum /secrets/superexec.secret' | tr -d '\r')
+    [ "$got" = "400 49999"$'\n'"$want  /secrets/superexec.secret" ] ||
+      die "$service: /secrets/superexec.secret is not node $i's secret, 0400, uid 49999 ($got)"
+  done
+done
+intruder() {  # $1: the service whose volumes it has; the rest: extra flags
+  local service=$1 status=0 out
+  shift
+  out=$("${COMPOSE[@]}" run --rm --no-deps -T "$service" fedhet superexec --insecure \
+    --runtime-api-address supernode-0:9094 "$@" 2>&1) || status=$?
+  [ "$status" = 3 ] || die "an executor for supernode-0 via $service $* was not refused (status $status): $(tail -3 <<<"$out")"
+  grep -o 'refused this executor.*' <<<"$out" | head -1 | cut -c1-150
+}
+tell "an executor for supernode-0 without a secret: $(intruder superexec-0)"
+tell "an executor for supernode-0 with node 1's secret: $(intruder superexec-1 --superexec-auth-secret-file /secrets/superexec.secret)"
+
 # 6. Two runs from the host: the second repeats the first.
 export FLWR_HOME="$HOME_DIR"
 cat > "$FLWR_HOME/config.toml" <<EOF
@@ -123,23 +173,21 @@ address = "127.0.0.1:9092"
 root-certificates = "$PWD/deploy/certs/ca.crt"
 EOF
 RUN_CONFIG="algorithm='fedre' num-server-rounds=2 data.fraction=0.05"
-run_once() {
-  tell "run $1: 2 rounds of fedre from the host"
-  flwr run . compose --stream --run-config "$RUN_CONFIG" |
-    grep --line-buffered -E '\[fedhet\]|ERROR' || true
-  status=$(flwr list compose --format json |
-    python -c 'import json,sys; print(max(json.load(sys.stdin)["runs"], key=lambda r: int(r["run-id"]))["status"])')
-  tell "run $1 status: $status"
-  [ "$status" = "finished:completed" ] || die "run $1 did not complete ($status)"
+run_once() {  # fedhet run: flwr run --stream, then the run's status; exit 1 unless completed
+  tell "run $1: 2 rounds of fedre from the host (fedhet run compose)"
+  local status=0
+  fedhet run compose -c "$RUN_CONFIG" || status=$?
+  tell "run $1: fedhet run exited $status"
+  [ "$status" = 0 ] || die "run $1 did not complete"
 }
 run_once 1
 first=$(ls -t deploy/results/*/results.json | head -1)
 run_once 2
 second=$(ls -t deploy/results/*/results.json | head -1)
 [ "$first" != "$second" ] || die "the second run wrote no results"
-tell "results on the host: $first, $second (owner uid $(stat -c %u "$second"), yours is $(id -u))"
-[ "$(stat -c %u "$second")" = "$(id -u)" ] && [ "$(stat -c %u "$(dirname "$second")")" = "$(id -u)" ] ||
-  die "the results are not owned by you"
+tell "results on the host: $first, $second (owner uid $(stat -c %u "$second"), FEDHET_UID=$FEDHET_UID)"
+[ "$(stat -c %u "$second")" = "$FEDHET_UID" ] && [ "$(stat -c %u "$(dirname "$second")")" = "$FEDHET_UID" ] ||
+  die "the results are not owned by FEDHET_UID=$FEDHET_UID"
 python - "$first" "$second" <<'EOF'
 import json, sys
 runs = [json.load(open(path))["rounds"] for path in sys.argv[1:]]
@@ -169,6 +217,7 @@ for _ in $(seq 1 240); do
   sleep 0.5
 done
 [ "$training" -eq 3 ] || die "run 3: the nodes never all trained"
+process_uids "run 3 training: the task processes too"
 flwr stop "$run_id" compose >/dev/null
 stopped=$(date +%s.%N)
 while :; do
