@@ -8,7 +8,8 @@ one-way delay, and no sooner than the direction's rate lets it leave:
   free)``), takes ``8 · len / rate`` seconds to send (``free = start + ...``) and
   arrives ``delay`` later (``free + delay``); the next chunk is read meanwhile, so the
   link is a pipeline: a transfer at a high round-trip time is limited by the rate,
-  not by one round trip per chunk;
+  not by one round trip per chunk. All the node's connections share the rate (one
+  link, several TCP connections);
 * a new connection's first bytes from the node arrive no sooner than a TCP handshake
   allows (``up + down`` delay, then the ``up`` delay of the bytes themselves);
 * an end of stream travels like data (after the chunks before it).
@@ -152,16 +153,31 @@ class Stats:
         }
 
 
+class _Wire:
+    """One direction of the link, shared by all its connections: when it is free to
+    send the next chunk (so that the connections of a node share its rate)."""
+
+    def __init__(self, mbps: float | None) -> None:
+        self.seconds_per_byte = 0.0 if mbps is None else 8 / (mbps * 1e6)
+        self.free = 0.0
+
+    def send(self, at: float, size: int) -> float:
+        """A chunk of ``size`` bytes ready at ``at``: when its last byte has left."""
+        start = max(at, self.free)
+        self.free = start + size * self.seconds_per_byte
+        return self.free
+
+
 class _Direction:
     """One direction of one connection: read, stamp each chunk with its arrival
-    time, deliver it then."""
+    time (its turn on the shared wire, then the delay), deliver it then."""
 
     def __init__(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         delay_s: float,
-        mbps: float | None,
+        wire: _Wire,
         not_before: float,
         count: Callable[[int], None],
         trace: Callable[[str], None] | None = None,
@@ -169,8 +185,9 @@ class _Direction:
         self.reader, self.writer = reader, writer
         self.trace = trace
         self.delay_s = delay_s
-        self.seconds_per_byte = 0.0 if mbps is None else 8 / (mbps * 1e6)
+        self.wire = wire
         self.free = not_before
+        """When this connection's last chunk has left (its first: after the handshake)."""
         self.count = count
         self.queue: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
         self.held = 0
@@ -183,10 +200,9 @@ class _Direction:
             while True:
                 await self.room.wait()
                 data = await self.reader.read(CHUNK)
-                start = max(loop.time(), self.free)
-                self.free = start + len(data) * self.seconds_per_byte
                 if not data:
                     break
+                self.free = self.wire.send(max(loop.time(), self.free), len(data))
                 self.held += len(data)
                 if self.held >= BUFFER:
                     self.room.clear()
@@ -248,6 +264,7 @@ class LinkProxy:
         only: a TLS connection shows only its connections), with the wall-clock time
         of its delivery and its connection's number."""
         self.stats = Stats()
+        self._up, self._down = _Wire(link.up_mbps), _Wire(link.down_mbps)
         self.port = listen[1]
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -298,7 +315,7 @@ class LinkProxy:
                 node_r,
                 server_w,
                 delay,
-                self.link.up_mbps,
+                self._up,
                 accepted + 2 * delay,
                 self.stats.add_up,
                 self._tracer(number, ">"),
@@ -307,7 +324,7 @@ class LinkProxy:
                 server_r,
                 node_w,
                 delay,
-                self.link.down_mbps,
+                self._down,
                 accepted,
                 self.stats.add_down,
                 self._tracer(number, "<"),

@@ -148,6 +148,35 @@ def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: f
     assert proxy.stats.bytes_up == size
 
 
+def test_the_connections_of_one_node_share_its_rate() -> None:
+    """Two connections sending 1.5 MB each at once over a 24 Mbit/s link: 1 s for
+    both (one link), not 0.5 s (a rate per connection)."""
+    size, rate = 1_500_000, 24.0
+    sink = _Server(expect=size)
+    proxy = _proxy(sink, Link(up_mbps=rate, down_mbps=1000.0))
+    took: list[float] = []
+
+    def send() -> None:
+        sock = _connect(proxy.port)
+        t0 = time.perf_counter()
+        sock.sendall(os.urandom(size))
+        assert sock.recv(1) == b"!"
+        took.append(time.perf_counter() - t0)
+        sock.close()
+
+    try:
+        senders = [threading.Thread(target=send) for _ in range(2)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(30)
+    finally:
+        proxy.stop_thread()
+        sink.close()
+    assert len(took) == 2
+    assert max(took) >= 0.98 * 2 * size * 8 / (rate * 1e6)
+
+
 def test_the_proxy_stops_cleanly_with_connections_open(echo: _Server) -> None:
     proxy = _proxy(echo, Link(delay_ms=20))
     sock = _connect(proxy.port)
