@@ -5,13 +5,15 @@
 # settings in /etc/fedhet and the systemd pair of deploy/systemd, enabled and started.
 # See docs/deployment.md "Running a client on a Raspberry Pi / Jetson" and docs/devices.md.
 #
+#   tar xzf node-0-bundle.tar.gz      # `fedhet keys deploy/keys --bundle 0 --ca ...`
 #   sudo bash scripts/device-install.sh --superlink superlink.example.org:9092 \
-#       --node-config 'partition-id=0 num-partitions=20 profile="auto"' \
-#       --ca ca.crt --key node-0
+#       --node-config 'partition-id=0 num-partitions=20 profile="auto" state-dir="/var/lib/fedhet"' \
+#       --ca node-0/ca.crt --key node-0/node.key --superexec-secret node-0/superexec.secret
 #
 # Run it again to upgrade: the venv is reused and, without --superlink / --node-config /
-# --ca / --key, /etc/fedhet keeps what it has. Exit status: 0 done, 2 refused (nothing
-# changed), 1 a step failed.
+# --ca / --key / --superexec-secret, /etc/fedhet keeps what it has. Exit status: 0 done,
+# 2 refused (nothing changed), 1 a step failed. --dry-run changes nothing outside a
+# prefix of its own (a new temporary folder unless --prefix names one).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +21,7 @@ REQUIREMENTS="$ROOT/deploy/device-requirements.txt"
 UNIT_SRC="$ROOT/deploy/systemd"
 UNITS=(fedhet-supernode.service fedhet-superexec.service)
 DEFAULT_TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+DEFAULT_STATE_DIR="/var/lib/fedhet"
 
 say() { printf '[device-install] %s\n' "$*"; }
 warn() { printf '[device-install] warning: %s\n' "$*" >&2; }
@@ -30,14 +33,28 @@ usage() {
 usage: sudo bash scripts/device-install.sh [options]
 
 Installs fedhet on this device: /opt/fedhet (virtualenv), /etc/fedhet (node.env,
-ca.crt, node.key), /etc/systemd/system/fedhet-{supernode,superexec}.service.
+ca.crt, node.key, superexec.secret), the node's state folder (default /var/lib/fedhet),
+/etc/systemd/system/fedhet-{supernode,superexec}.service. Example, with the files of
+this node's bundle (fedhet keys deploy/keys --bundle 0 --ca deploy/certs/ca.crt, made
+where the keys are; copy only it to the device, then tar xzf node-0-bundle.tar.gz):
+
+  sudo bash scripts/device-install.sh --superlink superlink.example.org:9092 \\
+      --node-config 'partition-id=0 num-partitions=20 profile="auto" state-dir="/var/lib/fedhet"' \\
+      --ca node-0/ca.crt --key node-0/node.key --superexec-secret node-0/superexec.secret
 
   --superlink HOST:PORT  the SuperLink's Fleet API (written to node.env as SUPERLINK)
   --node-config STR      this node's config, e.g. 'partition-id=0 num-partitions=20
-                         profile="auto"' (written to node.env as NODE_CONFIG)
+                         profile="auto" state-dir="/var/lib/fedhet"' (written to
+                         node.env as NODE_CONFIG); without state-dir= the install adds
+                         state-dir="$DEFAULT_STATE_DIR" (the personal model survives a
+                         restart), without onnx-export= it adds onnx-export=true (the
+                         node keeps its current model as ONNX in its state folder)
   --ca FILE              the SuperLink's CA certificate (copied to /etc/fedhet/ca.crt)
   --key FILE             this node's private key, registered on the SuperLink with
                          'flwr supernode register' (copied to /etc/fedhet/node.key, 0400)
+  --superexec-secret FILE  this node's executor secret (node-<i>.superexec-secret of
+                         'fedhet keys'; copied to /etc/fedhet/superexec.secret, 0400):
+                         the SuperNode hands tasks only to an executor that has it
   --wheelhouse DIR       install offline: every package from DIR
                          (pip --no-index --find-links DIR); see docs/devices.md for building one
   --torch-index URL      where torch/torchvision come from when there is no wheelhouse
@@ -49,16 +66,18 @@ ca.crt, node.key), /etc/systemd/system/fedhet-{supernode,superexec}.service.
   --wheel PATH           fedhet's wheel (pip wheel --no-deps -w dist .); default: build it
                          from this checkout
   --python PY            the interpreter for the virtualenv (default python3; 3.10-3.12)
-  --user NAME            the service user (default fedhet)
+  --user NAME            the service user (default fedhet; an existing user is used as
+                         it is, and gets the state folder)
   --prefix DIR           root of every path above (default /); any other root is for
                          tests and needs --dry-run (a virtualenv cannot be moved)
-  --dry-run              build the virtualenv and write the files under --prefix, but
-                         run no useradd, chown or systemctl: print them instead
+  --dry-run              build the virtualenv and write the files under a prefix (--prefix,
+                         or a new temporary folder), but run no useradd, chown or
+                         systemctl: print them instead
   -h, --help             this text
 EOF
 }
 
-PREFIX="/"
+PREFIX=""
 PY="python3"
 WHEEL=""
 WHEELHOUSE=""
@@ -69,6 +88,7 @@ NODE_CONFIG=""
 NODE_CONFIG_SET=0
 CA=""
 KEY=""
+SECRET=""
 SVC_USER="fedhet"
 DRY_RUN=0
 
@@ -77,6 +97,9 @@ while [ $# -gt 0 ]; do
   case "$opt" in
     -h | --help) usage; exit 0 ;;
     --dry-run) DRY_RUN=1; shift; continue ;;
+    --prefix | --python | --wheel | --wheelhouse | --torch-index | --torch-wheels | \
+      --superlink | --node-config | --ca | --key | --superexec-secret | --user) ;;
+    *) refuse "unknown option $opt (see --help)" ;;
   esac
   [ $# -ge 2 ] || refuse "$opt needs a value (see --help)"
   case "$opt" in
@@ -90,19 +113,39 @@ while [ $# -gt 0 ]; do
     --node-config) NODE_CONFIG="$2"; NODE_CONFIG_SET=1 ;;
     --ca) CA="$2" ;;
     --key) KEY="$2" ;;
+    --superexec-secret) SECRET="$2" ;;
     --user) SVC_USER="$2" ;;
-    *) refuse "unknown option '$opt' (see --help)" ;;
   esac
   shift 2
 done
 
 # ---------------------------------------------------------------- 1. refusals first
-# Everything below is checked before anything is written.
+# Everything below is checked before anything is written (a dry run without --prefix
+# makes its temporary prefix first, and removes it again when it refuses).
+DRY_PREFIX=""
+if [ -z "$PREFIX" ]; then
+  if [ "$DRY_RUN" = 1 ]; then
+    PREFIX="$(mktemp -d "${TMPDIR:-/tmp}/fedhet-dry-run.XXXXXX")" ||
+      fail "could not make a temporary folder for the dry run (TMPDIR=${TMPDIR:-/tmp})"
+    DRY_PREFIX="$PREFIX"
+    say "dry run without --prefix: everything goes under the new temporary folder $PREFIX"
+  else
+    PREFIX="/"
+  fi
+fi
+refuse() { # as above, and a dry run's own temporary prefix goes again
+  printf 'device-install: %s\n' "$*" >&2
+  if [ -n "$DRY_PREFIX" ]; then rm -rf "$DRY_PREFIX"; fi
+  exit 2
+}
 case "$PREFIX" in
   /*) ;;
   *) refuse "--prefix must be an absolute path, got '$PREFIX'" ;;
 esac
 ROOTFS="${PREFIX%/}"
+if [ "$DRY_RUN" = 1 ] && [ -z "$ROOTFS" ]; then
+  refuse "--dry-run --prefix /: a dry run never writes outside a prefix of its own; leave --prefix out (a temporary folder) or name an empty folder"
+fi
 VENV="$ROOTFS/opt/fedhet"
 ETC="$ROOTFS/etc/fedhet"
 UNIT_DIR="$ROOTFS/etc/systemd/system"
@@ -147,6 +190,47 @@ if [ -n "$KEY" ]; then
   [[ -f "$KEY" && -r "$KEY" ]] || refuse "--key $KEY: no such readable file"
 elif [ ! -f "$ETC/node.key" ]; then
   refuse "no $ETC/node.key yet: pass --key FILE, this node's private key (make one with 'fedhet keys', register its .pub with 'flwr supernode register')"
+fi
+if [ -n "$SECRET" ]; then
+  [[ -f "$SECRET" && -r "$SECRET" && -s "$SECRET" ]] || refuse "--superexec-secret $SECRET: no such readable, non-empty file"
+elif [ ! -f "$ETC/superexec.secret" ]; then
+  refuse "no $ETC/superexec.secret yet: pass --superexec-secret FILE, this node's executor secret (node-<i>.superexec-secret from 'fedhet keys'; 'fedhet keys DIR --secrets-only' adds them to keys made earlier; the node's bundle has it as superexec.secret)"
+fi
+
+# The node config the install writes: the one given, with a state folder and the ONNX
+# export unless it names them; or the one node.env has (kept as it is).
+if [ "$NODE_CONFIG_SET" = 1 ]; then
+  ADDED=""
+  if ! [[ "$NODE_CONFIG" =~ (^|[[:space:]])state-dir= ]]; then
+    NODE_CONFIG="${NODE_CONFIG:+$NODE_CONFIG }state-dir=\"$DEFAULT_STATE_DIR\""
+    ADDED="state-dir=\"$DEFAULT_STATE_DIR\""
+  fi
+  if ! [[ "$NODE_CONFIG" =~ (^|[[:space:]])onnx-export= ]]; then
+    NODE_CONFIG="$NODE_CONFIG onnx-export=true"
+    ADDED="${ADDED:+$ADDED }onnx-export=true"
+  fi
+  [ -z "$ADDED" ] || say "node config: added $ADDED (give the key in --node-config to change it)"
+  CONFIG_NOW="$NODE_CONFIG"
+else
+  CONFIG_NOW="$(set +u; set -a; . "$ETC/node.env" >/dev/null 2>&1; printf '%s' "${NODE_CONFIG:-}")"
+fi
+STATE_DIR=""
+if [[ "$CONFIG_NOW" =~ (^|[[:space:]])state-dir=\"([^\"]*)\" ]]; then
+  STATE_DIR="${BASH_REMATCH[2]}"
+  case "$STATE_DIR" in
+    /*) ;;
+    *) refuse "state-dir=\"$STATE_DIR\" in the node config is not an absolute path" ;;
+  esac
+elif [[ "$CONFIG_NOW" =~ (^|[[:space:]])state-dir= ]]; then
+  refuse "state-dir in the node config must be a double-quoted absolute path, e.g. state-dir=\"$DEFAULT_STATE_DIR\""
+fi
+# An existing state folder must already be the service user's: the install makes a new
+# one for it, and changes the owner of no folder that is there.
+if [ "$DRY_RUN" = 0 ] && [ -n "$STATE_DIR" ] && [ -e "$STATE_DIR" ]; then
+  [ -d "$STATE_DIR" ] || refuse "state-dir \"$STATE_DIR\" exists and is not a folder"
+  owner="$(stat -c %U "$STATE_DIR")"; owner_id="$(stat -c %u "$STATE_DIR")"
+  [ "$owner" = "$SVC_USER" ] ||
+    refuse "state-dir \"$STATE_DIR\" exists and belongs to $owner (uid $owner_id), not to the service user $SVC_USER: the install changes the owner of no existing folder; name a new folder in state-dir (it is made for $SVC_USER), or give this one to $SVC_USER yourself"
 fi
 if [ -n "$WHEEL" ]; then
   [ -f "$WHEEL" ] || refuse "--wheel $WHEEL: no such file"
@@ -408,7 +492,26 @@ if [ -n "$KEY" ]; then
 else
   did "kept $ETC/node.key"
 fi
-run chown "$SVC_USER:" "$ETC/node.key"
+if [ -n "$SECRET" ]; then
+  install -m 0400 "$SECRET" "$ETC/superexec.secret"
+  did "copied $SECRET to $ETC/superexec.secret (0400)"
+else
+  did "kept $ETC/superexec.secret"
+fi
+run chown "$SVC_USER:" "$ETC/node.key" "$ETC/superexec.secret"
+if [ -n "$STATE_DIR" ] && [ "$DRY_RUN" = 1 ]; then
+  mkdir -p "$ROOTFS$STATE_DIR"
+  chmod 0750 "$ROOTFS$STATE_DIR"
+  run chown "$SVC_USER:" "$ROOTFS$STATE_DIR"
+  did "state folder $ROOTFS$STATE_DIR (0750, the service user's)"
+elif [ -n "$STATE_DIR" ] && [ -d "$STATE_DIR" ]; then
+  did "state folder $STATE_DIR exists, owned by $SVC_USER"
+elif [ -n "$STATE_DIR" ]; then
+  run install -d -m 0750 -o "$SVC_USER" -g "$(id -gn "$SVC_USER")" "$STATE_DIR"
+  did "state folder $STATE_DIR (0750, owned by $SVC_USER)"
+else
+  warn "the node config has no state-dir: the node keeps its personal model in memory and loses it when it restarts"
+fi
 
 # 2f. The systemd pair (their User= is fedhet; another --user gets a drop-in).
 mkdir -p "$UNIT_DIR"
@@ -436,7 +539,7 @@ fi
 
 echo
 if [ "$DRY_RUN" = 1 ]; then
-  say "done (dry run: no useradd, chown or systemctl; nothing outside $PREFIX changed):"
+  say "done (dry run: no useradd, chown or systemctl; nothing outside $PREFIX changed; remove it with rm -r $PREFIX):"
 else
   say "done:"
 fi

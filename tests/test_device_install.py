@@ -108,6 +108,9 @@ def make_node_files(work: Path) -> dict[str, Path]:
     files["key"] = work / "node-0"
     files["key"].write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real one\n")
     files["key"].chmod(0o600)
+    files["secret"] = work / "node-0.superexec-secret"
+    files["secret"].write_bytes(b"0123456789abcdef" * 4)
+    files["secret"].chmod(0o400)
     return files
 
 
@@ -129,6 +132,8 @@ def settings(files: dict[str, Path]) -> list[str]:
         str(files["ca"]),
         "--key",
         str(files["key"]),
+        "--superexec-secret",
+        str(files["secret"]),
     ]
 
 
@@ -154,16 +159,19 @@ def refused(proc: subprocess.CompletedProcess[str], prefix: Path, *words: str) -
 
 def test_device_requirements_are_pyprojects_pins_without_simulation_and_plots() -> None:
     """deploy/device-requirements.txt (what the script installs) has pyproject's pins,
-    less Ray (flwr's [simulation] extra) and matplotlib (plots only)."""
+    less Ray (flwr's [simulation] extra) and matplotlib (plots only), plus the `export`
+    extra (the install turns node-config onnx-export on)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pyproject = {canonicalize_name(r.name): r for r in map(Requirement, project["dependencies"])}
+    needed = project["dependencies"] + project["optional-dependencies"]["export"]
+    pyproject = {canonicalize_name(r.name): r for r in map(Requirement, needed)}
     device = {canonicalize_name(r.name): r for r in device_requirements()}
     assert set(pyproject) - set(device) == {"matplotlib"}
     assert set(device) <= set(pyproject)
+    assert {"onnx", "onnxscript"} <= set(device)
     for name, req in device.items():
         assert req.specifier == pyproject[name].specifier, name
         assert not req.extras and req.marker is None, name
-    assert pyproject["flwr"].extras == {"simulation"}
+    assert pyproject[canonicalize_name("flwr")].extras == {"simulation"}
     assert pin("torch") == "2.14.1" and pin("torchvision") == "0.29.1" and pin("flwr") == "1.42.0"
 
 
@@ -282,7 +290,8 @@ def test_it_refuses_torch_wheels_for_another_machine(node_files: dict[str, Path]
         (["--ca", "/nonexistent/ca.crt"], ["--ca /nonexistent/ca.crt"]),
         (["--user", "Fed Het"], ["not a valid user name"]),
         (["--prefix", "relative/root"], ["absolute path"]),
-        (["--bogus", "x"], ["unknown option '--bogus'"]),
+        (["--bogus", "x"], ["unknown option --bogus"]),
+        (["--frobnicate"], ["unknown option --frobnicate"]),  # last, without a value
     ],
 )
 def test_it_refuses_bad_settings(
@@ -299,6 +308,7 @@ def test_it_refuses_bad_settings(
     [
         ("--ca", ["pass --ca file"]),
         ("--key", ["pass --key file", "flwr supernode register"]),
+        ("--superexec-secret", ["pass --superexec-secret file", "--secrets-only"]),
         ("--node-config", ["--superlink without --node-config"]),
     ],
 )
@@ -317,6 +327,93 @@ def test_a_real_install_into_another_prefix_is_refused(node_files: dict[str, Pat
     args = [a for a in settings(node_files) if a != "--dry-run"]
     proc = run_script([*args, "--python", sys.executable], node_files["home"])
     refused(proc, node_files["prefix"], "only with --dry-run")
+
+
+def test_an_unknown_last_flag_is_named_not_asked_for_a_value(node_files: dict[str, Path]) -> None:
+    proc = run_script([*settings(node_files), "--frobnicate"], node_files["home"])
+    assert proc.returncode == 2
+    assert "unknown option --frobnicate" in proc.stderr and "needs a value" not in proc.stderr
+
+
+def test_a_dry_run_without_prefix_uses_a_new_temporary_folder_and_says_so(
+    node_files: dict[str, Path],
+) -> None:
+    """No --prefix: the dry run makes its own prefix under TMPDIR (never /), says which,
+    and gets past every check (it stops only where the fake interpreter cannot make a
+    virtualenv); the prefix holds what it wrote and nothing is outside it."""
+    args = [a for a in settings(node_files) if a != str(node_files["prefix"]) and a != "--prefix"]
+    python = fake_python(node_files["home"], "3.11 aarch64 64")
+    proc = run_script([*args, "--python", str(python)], node_files["home"])
+    assert proc.returncode == 1 and "could not create a virtualenv" in proc.stderr, proc.stderr
+    said = re.search(r"new temporary folder (\S+)", proc.stdout)
+    assert said, proc.stdout
+    prefix = Path(said.group(1))
+    assert prefix.parent == node_files["home"] and prefix.name.startswith("fedhet-dry-run.")
+    assert f"prefix {prefix}, dry run" in proc.stdout
+    assert (prefix / "opt").is_dir()  # what it got to write before the failure: there
+
+
+def test_a_refused_dry_run_without_prefix_leaves_no_folder(node_files: dict[str, Path]) -> None:
+    args = [a for a in settings(node_files) if a != str(node_files["prefix"]) and a != "--prefix"]
+    python = fake_python(node_files["home"], "3.11 armv7l 32")
+    before = set(node_files["home"].iterdir())
+    proc = run_script([*args, "--python", str(python)], node_files["home"])
+    assert proc.returncode == 2 and "32-bit" in proc.stderr
+    assert "new temporary folder" in proc.stdout
+    assert set(node_files["home"].iterdir()) == before
+
+
+def test_a_dry_run_into_the_root_is_refused(node_files: dict[str, Path]) -> None:
+    args = settings(node_files)
+    args[args.index("--prefix") + 1] = "/"
+    proc = run_script([*args, "--python", sys.executable], node_files["home"])
+    assert proc.returncode == 2 and "never writes outside a prefix of its own" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("node_config", "added"),
+    [
+        ("partition-id=0 num-partitions=20", 'state-dir="/var/lib/fedhet" onnx-export=true'),
+        ('partition-id=0 state-dir="/srv/node" onnx-export=false', None),
+        ('partition-id=0 state-dir="/srv/node"', "onnx-export=true"),
+    ],
+)
+def test_the_node_keeps_its_state_on_disk_and_exports_onnx_unless_told_otherwise(
+    node_files: dict[str, Path], node_config: str, added: str | None
+) -> None:
+    """What the install adds to a node config that names no state folder or export (the
+    e2e test below reads node.env back)."""
+    args = settings(node_files)
+    args[args.index("--node-config") + 1] = node_config
+    python = fake_python(node_files["home"], "3.11 aarch64 64")
+    proc = run_script([*args, "--python", str(python)], node_files["home"])
+    assert proc.returncode == 1, proc.stderr  # past every check: the fake cannot make a venv
+    if added is None:
+        assert "node config: added" not in proc.stdout
+    else:
+        assert f"node config: added {added} " in proc.stdout
+
+
+def test_a_relative_state_dir_is_refused(node_files: dict[str, Path]) -> None:
+    args = settings(node_files)
+    args[args.index("--node-config") + 1] = 'partition-id=0 state-dir="state"'
+    proc = run_script([*args, "--python", sys.executable], node_files["home"])
+    refused(proc, node_files["prefix"], "not an absolute path")
+
+
+def test_the_help_example_keeps_state_on_disk_and_uses_one_nodes_bundle() -> None:
+    """The --help example is a node whose personal model survives a restart
+    (state-dir) and that gets only its own files (the bundle's three)."""
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30
+    ).stdout
+    example = out[out.index("sudo bash scripts/device-install.sh --superlink") :].split("\n\n")[0]
+    assert 'state-dir="/var/lib/fedhet"' in example
+    assert (
+        "--ca node-0/ca.crt --key node-0/node.key --superexec-secret node-0/superexec.secret"
+        in example
+    )
+    assert "--bundle 0" in out
 
 
 # -------------------------------------------------------- the e2e dry-run install
@@ -539,11 +636,17 @@ def test_dry_run_builds_a_device_environment_from_an_offline_wheelhouse() -> Non
             text=True,
             timeout=30,
         )
-        assert shell.stdout.split("\n", 1) == [SUPERLINK, NODE_CONFIG]
+        # the install adds the ONNX export (NODE_CONFIG names its state folder already)
+        assert shell.stdout.split("\n", 1) == [SUPERLINK, NODE_CONFIG + " onnx-export=true"]
         settings_text = (etc / "node.env").read_text()
         assert (etc / "ca.crt").read_text() == files["ca"].read_text()
         assert (etc / "node.key").read_text() == files["key"].read_text()
         assert stat.S_IMODE((etc / "node.key").stat().st_mode) == 0o400
+        assert (etc / "superexec.secret").read_bytes() == files["secret"].read_bytes()
+        assert stat.S_IMODE((etc / "superexec.secret").stat().st_mode) == 0o400
+        state = files["prefix"] / "var" / "lib" / "fedhet"
+        assert stat.S_IMODE(state.stat().st_mode) == 0o750
+        assert f"dry run, not running: chown fedhet: {state}" in out
         for unit in ("fedhet-supernode.service", "fedhet-superexec.service"):
             installed = files["prefix"] / "etc" / "systemd" / "system" / unit
             assert installed.read_text() == (ROOT / "deploy" / "systemd" / unit).read_text()
@@ -558,9 +661,15 @@ def test_dry_run_builds_a_device_environment_from_an_offline_wheelhouse() -> Non
 
         # run again to upgrade: the venv and /etc/fedhet are kept, the given wheel goes in
         # (fedhet's wheel as the first run installed it, packed back from the venv), torch
-        # and torchvision from a folder of their own (as NVIDIA's wheels on a Jetson)
+        # and torchvision from a folder of their own (as NVIDIA's wheels on a Jetson);
+        # the service user now an existing account, which gets the state folder
         (fedhet,) = md.distributions(name="fedhet", path=[str(Path(facts["app_file"]).parents[1])])
         wheel = repack(fedhet, work, prefix=venv)
+        existing = next(
+            u.pw_name
+            for u in pwd.getpwall()
+            if u.pw_uid != 0 and re.fullmatch(r"[a-z_][a-z0-9_-]*", u.pw_name)
+        )
         jetpack = work / "torch-wheels"
         jetpack.mkdir()
         for whl in wheels:
@@ -579,6 +688,8 @@ def test_dry_run_builds_a_device_environment_from_an_offline_wheelhouse() -> Non
                 str(wheel),
                 "--torch-wheels",
                 str(jetpack),
+                "--user",
+                existing,
             ],
             files["home"],
             timeout=600,
@@ -592,4 +703,42 @@ def test_dry_run_builds_a_device_environment_from_an_offline_wheelhouse() -> Non
         )
         assert "built fedhet" not in again.stdout
         assert (etc / "node.env").read_text() == settings_text
+        assert f"service user {existing} exists" in done and "running: useradd" not in done
+        assert f"dry run, not running: chown {existing}: {state}" in done
+        assert (
+            f"dry run, not running: chown {existing}: {etc}/node.key {etc}/superexec.secret" in done
+        )
+        dropin = files["prefix"] / "etc/systemd/system/fedhet-superexec.service.d/user.conf"
+        assert dropin.read_text() == f"[Service]\nUser={existing}\n"
         print(f"all: {time.monotonic() - t0:.0f} s")
+
+
+def _device_guides() -> list[tuple[str, str]]:
+    """(where, text) of the device guides: docs/devices.md, and docs/deployment.md's
+    section "Running a client on a Raspberry Pi / Jetson"."""
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    start = deployment.index("## Running a client on a Raspberry Pi / Jetson")
+    end = deployment.index("\n## ", start + 1)
+    return [
+        ("docs/devices.md", (ROOT / "docs" / "devices.md").read_text()),
+        ("docs/deployment.md (devices)", deployment[start:end]),
+    ]
+
+
+def test_the_guides_give_a_device_only_its_own_bundle() -> None:
+    """No command in the device guides copies deploy/keys (but one node's bundle),
+    deploy/certs or a CA key anywhere; the guides make the bundle and install from it."""
+    copy = re.compile(r"^\s*(sudo\s+)?(scp|rsync|cp|install|tar\s+-?c)\b")
+    for where, text in _device_guides():
+        blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, re.S)
+        lines = [ln for block in blocks for ln in block.splitlines()]
+        for line in lines:
+            if copy.search(line):
+                assert "deploy/certs" not in line and "ca.key" not in line, (where, line)
+                if "deploy/keys" in line:
+                    assert re.search(r"deploy/keys/node-\d+-bundle\.tar\.gz", line), (where, line)
+        commands = "\n".join(lines)
+        assert "--superexec-secret node-0/superexec.secret" in commands, where
+        assert "--ca node-0/ca.crt --key node-0/node.key" in commands, where
+    devices = _device_guides()[0][1]
+    assert "fedhet keys deploy/keys --bundle 0 --ca deploy/certs/ca.crt" in devices
