@@ -161,6 +161,7 @@ REGISTRY_TESTS = [
     "tests/test_config.py",
     "tests/test_imports.py::test_every_package_imports_only_the_floors_below_it",
     "tests/test_imports.py::test_no_import_circle_between_project_modules",
+    "tests/test_reference.py::test_the_reference_covers_every_method",
     f"tests/test_{NAME}.py",
 ]
 """The fast tier's tests that derive from the registry, and the example's own."""
@@ -169,8 +170,10 @@ NEEDS_REGENERATION = [
     "tests/test_registry.py::test_the_readme_algorithm_table_has_one_row_per_method",
     "tests/test_registry.py::test_the_readme_run_config_row_lists_every_method_in_registry_order",
     "tests/test_registry.py::test_the_readme_error_examples_are_what_the_config_says",
+    "tests/test_reference.py::test_the_reference_covers_every_method",
 ]
-"""What fails until docs/configuration.md is regenerated and README.md updated."""
+"""What fails until docs/configuration.md is regenerated, README.md updated and the
+method's reference numbers added."""
 
 
 def _copy_tree(dest: Path) -> None:
@@ -253,6 +256,14 @@ def test_a_built_in_method_takes_the_files_the_page_lists(tmp_path: Path) -> Non
         [sys.executable, "-m", "common.config_doc"], cwd=tree, capture_output=True, text=True
     )
     assert regenerate.returncode == 0, regenerate.stderr
+    add = subprocess.run(
+        [sys.executable, "-m", "tests.test_reference", "--add"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert add.returncode == 0 and f"{NAME}: new" in add.stderr, add.stderr[-2000:]
     _update_readme(tree)
     done = _pytest(tree, REGISTRY_TESTS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -265,6 +276,7 @@ def test_a_built_in_method_takes_the_files_the_page_lists(tmp_path: Path) -> Non
         "common/methods.py",
         "docs/configuration.md",
         "README.md",
+        "tests/reference_accuracies.json",
     }
 
 
