@@ -437,9 +437,10 @@ def run_deployed(
     run_config: RunConfigOpt = [],  # noqa: B006
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
-    """`flwr run . CONNECTION --stream` on a federation that is already running (the
-    Docker stack, devices); prints one line per round and exits 1 unless the run
-    finished as completed (`flwr run` itself exits 0 on a failed run)."""
+    """Run the app on a federation that is already running (the Docker stack, devices).
+
+    Runs `flwr run . CONNECTION --stream`, prints one line per round and exits 1 unless
+    the run finished as completed (`flwr run` itself exits 0 on a failed run)."""
     from cli.launch import run_deployed as run_on
 
     _, overrides = config_from(run_config)
