@@ -143,7 +143,11 @@ def test_a_registered_method_runs_two_rounds_in_process(
     assert res["config"]["algorithm"] == "toyhead"
     assert res["config"]["toyhead.server-mix"] == 0.25
     sent = [m.metadata.message_type for m in grid.sent]
-    assert sent.count("train.toyhead") == 6 and sent.count("evaluate.toyhead") == 6
+    assert sent.count("train.toyhead") == 6
+    # every node evaluated after each round (by an evaluate.toyhead message, or inside
+    # the next round's training message where evaluation travels with it)
+    assert [r["eval-clients"] for r in res["rounds"]] == [3, 3]
+    assert all(m in ("query.profile", "train.toyhead", "evaluate.toyhead") for m in sent)
     head_bytes = sum(v.nbytes for v in globals_seen[0].values())
     assert res["rounds"][0]["bytes-up-per-client"] == head_bytes
     # round 2's global head is the rule applied to round 2's uploads, computed here
