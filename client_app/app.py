@@ -6,7 +6,7 @@ import time
 from logging import WARNING
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 from flwr.clientapp.typing import Mod
@@ -17,6 +17,7 @@ from client_app.clock import timing_metrics
 from client_app.export import keep_evaluated
 from common import methods
 from common.config import Scalar
+from common.messages import EVAL_ARRAYS, EVAL_CONFIG, EVAL_METRICS
 from common.records import to_record, to_torch
 from models.workload import host_speed
 
@@ -40,7 +41,18 @@ def parameter_dp(msg: Message, context: Context, call_next):  # type: ignore[no-
     dp = LocalDpMod(
         clipping_norm=p.dp_clip, sensitivity=p.dp_clip, epsilon=p.dp_epsilon, delta=p.dp_delta
     )
-    return dp(msg, context, call_next)
+    # LocalDpMod wants one ArrayRecord (what training starts from); the arrays an
+    # evaluation inside the message needs are handed past it
+    extra = msg.content.array_records.get(EVAL_ARRAYS)
+    if extra is None:
+        return dp(msg, context, call_next)
+    del msg.content[EVAL_ARRAYS]
+
+    def with_extra(inner: Message, ctx: Context) -> Message:
+        inner.content.array_records[EVAL_ARRAYS] = extra
+        return call_next(inner, ctx)
+
+    return dp(msg, context, with_extra)
 
 
 def _uploads_parameters(name: str) -> bool:
@@ -57,33 +69,63 @@ def profile(msg: Message, context: Context) -> Message:
     )
 
 
-def _round(msg: Message) -> int:
-    return int(msg.content["config"]["server-round"])  # type: ignore[arg-type]
+def _round(config: ConfigRecord) -> int:
+    return int(config["server-round"])  # type: ignore[arg-type]
 
 
-def _clients_dir(msg: Message) -> str:
+def _clients_dir(config: ConfigRecord) -> str:
     """The simulation's folder for personal models, if the server sent one."""
-    return str(msg.content["config"].get("clients-dir", ""))
+    return str(config.get("clients-dir", ""))
 
 
-def _lineage(msg: Message) -> str:
+def _lineage(config: ConfigRecord) -> str:
     """The run's lineage tag (names the personal model's files; kept on resume)."""
-    return str(msg.content["config"].get("lineage", ""))
+    return str(config.get("lineage", ""))
 
 
-def _served(msg: Message) -> dict[str, Scalar]:
+def _served(config: ConfigRecord) -> dict[str, Scalar]:
     """What the server decided for this node this round (FedARA's deadline policy:
     its ``rank-ratio``); overrides node-config for this message."""
-    ratio = msg.content["config"].get("rank-ratio")
+    ratio = config.get("rank-ratio")
     return {"rank-ratio": float(ratio)} if isinstance(ratio, int | float) else {}
 
 
 def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
-    """Install the server's arrays, train, upload, keep the personal model."""
+    """Install the server's arrays, train, upload, keep the personal model.
+
+    A message that also carries the previous round's evaluation (``eval-mode =
+    with-train``: :data:`~common.messages.EVAL_CONFIG`) is evaluated first, exactly
+    as that round's ``evaluate`` message would have been, and the reply carries its
+    metrics as :data:`~common.messages.EVAL_METRICS`."""
+    content = msg.content
+    evaluated = None
+    eval_s = eval_cpu_s = 0.0
+    if EVAL_CONFIG in content.config_records:
+        t0, c0 = time.perf_counter(), time.process_time()
+        arrays = content.array_records.get(EVAL_ARRAYS, content.array_records["arrays"])
+        evaluated = evaluation(hook, context, content.config_records[EVAL_CONFIG], arrays)
+        eval_s, eval_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    reply = train(hook, content.config_records["config"], content.array_records["arrays"], context)
+    if evaluated is not None:
+        reply.metric_records["metrics"]["eval-time-s"] = eval_s
+        reply.metric_records["metrics"]["eval-cpu-s"] = eval_cpu_s
+        reply.metric_records[EVAL_METRICS] = evaluated
+    return Message(reply, reply_to=msg)
+
+
+def train(
+    hook: ClientHook, config: ConfigRecord, arrays: ArrayRecord, context: Context
+) -> RecordDict:
+    """One round's training from the server's ``arrays``: the reply's records."""
     run = open_run(
-        context, _round(msg), hook, _clients_dir(msg), lineage=_lineage(msg), served=_served(msg)
+        context,
+        _round(config),
+        hook,
+        _clients_dir(config),
+        lineage=_lineage(config),
+        served=_served(config),
     )
-    run.received = to_torch(msg.content.array_records["arrays"])
+    run.received = to_torch(arrays)
     device = run.node.device  # the virtual clock (fleet, device profiles)
     # read (or measured, once per machine) before the timed part
     speed = host_speed(torch.get_num_threads()) if device is not None else 0.0
@@ -131,21 +173,34 @@ def handle_train(hook: ClientHook, msg: Message, context: Context) -> Message:
             **run.metrics,
         }
     )
-    return Message(RecordDict({"arrays": to_record(upload), "metrics": metrics}), reply_to=msg)
+    return RecordDict({"arrays": to_record(upload), "metrics": metrics})
 
 
 def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (with what the server sent) on local test data."""
+    content = msg.content
+    metrics = evaluation(
+        hook, context, content.config_records["config"], content.array_records["arrays"]
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def evaluation(
+    hook: ClientHook, context: Context, config: ConfigRecord, arrays: ArrayRecord
+) -> MetricRecord:
+    """The personalized model of round ``config["server-round"]`` with ``arrays``
+    installed, on the local test split (and the official test set when the run uses
+    it): the metrics of an evaluation reply."""
     run = open_run(
         context,
-        _round(msg),
+        _round(config),
         hook,
-        _clients_dir(msg),
+        _clients_dir(config),
         training=False,
-        lineage=_lineage(msg),
-        served=_served(msg),
+        lineage=_lineage(config),
+        served=_served(config),
     )
-    run.received = to_torch(msg.content.array_records["arrays"])
+    run.received = to_torch(arrays)
     hook.install(run, run.received)
     stats = hook.evaluate(run, run.data.x_test, run.data.y_test)
     metrics = MetricRecord(
@@ -167,7 +222,7 @@ def handle_evaluate(hook: ClientHook, msg: Message, context: Context) -> Message
         metrics["global-correct"] = g.correct
         metrics["global-num-examples"] = g.num_examples
     keep_evaluated(hook, run, context.run_id, stats.accuracy)  # fedhet export, onnx-export
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    return metrics
 
 
 def make_app(mods: list[Mod] | None = None) -> ClientApp:

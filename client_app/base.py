@@ -473,6 +473,7 @@ def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:
             "in-channels": run.data.in_channels,
             "image-size": run.data.image_size,
             "small-stem": int(run.cfg.model.small_input_stem),
+            **({"profile": run.node.profile.name} if run.node.profile else {}),
             **device_record(run.node.device),
         }
     )

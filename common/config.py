@@ -104,6 +104,15 @@ class RunConfig(Section):
     by the virtual clock. Empty = off."""
     eval_every: int = Field(1, ge=1)
     """Evaluate every this many rounds (and always after the last)."""
+    eval_mode: Literal["with-train", "separate"] = "with-train"
+    """How a round's evaluation reaches the clients. ``with-train``: a node that trains
+    in the next round evaluates first within that training message (what round r's
+    ``evaluate`` message would have carried, on its test split) and replies with both,
+    so every node gets one message per round; nodes evaluated but not sampled for the
+    next round, and the last round, get an ``evaluate`` message. ``separate``: an
+    ``evaluate`` message to every evaluated node after each round (two messages per
+    node-round). Both give the same accuracies; round r's accuracy is always the
+    evaluation after round r's aggregation."""
     server_threads: int = Field(0, ge=0)
     """Torch intra-op threads of the ServerApp process (the server's decompositions,
     reconstructions and head training); 0 = torch's default, every core. Set 1 when

@@ -26,3 +26,15 @@ MENTEE = "mentee."
 FACTOR_US, FACTOR_VT = ".us", ".vt"
 """Suffixes of a FedKD update sent as truncated-SVD factors: ``<key>.us`` [rows, r]
 (U·S) and ``<key>.vt`` [r, cols]."""
+
+EVAL_CONFIG = "evaluate-config"
+"""A training message that also carries the previous round's evaluation
+(``eval-mode = with-train``): the ConfigRecord the ``evaluate.<name>`` message would
+have had (its ``server-round`` is the evaluated round)."""
+EVAL_ARRAYS = "evaluate-arrays"
+"""The ArrayRecord that evaluation needs, when it differs from the training message's
+``arrays`` (FedARA's deadline policy can serve a node another tier for the next round);
+absent when the two are equal."""
+EVAL_METRICS = "evaluate-metrics"
+"""The MetricRecord a ``evaluate.<name>`` reply would have had ("metrics"), sent in the
+training reply of a message that carried :data:`EVAL_CONFIG`."""

@@ -80,6 +80,7 @@ def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:
         f" (resumed after round {recorder.offset})" if saved is not None else "",
         out_dir,
     )
+    recorder.finish_pending(grid, timeout)
     recorder.start(
         grid=grid,
         initial_arrays=initial,

@@ -65,6 +65,8 @@ EVAL_SUMMARY = (
     "eval-clients",
 )
 """Evaluation metrics that have a column of their own in a round's row."""
+SCORES = EVAL_SUMMARY[:-1]
+"""The evaluation columns that open a round's row, in order."""
 
 
 def accuracy_prior(nodes: Iterable[NodeInfo]) -> float | None:
@@ -99,6 +101,9 @@ class Recorded(Strategy):
         """Wall time of the run before this process."""
         self._start = self._mark = time.perf_counter()
         self.tracker = Tracker.from_config(cfg, out_dir)  # log.tensorboard
+        self._pending: int | None = None
+        """The round whose row waits for its evaluation (``eval-mode = with-train``:
+        it arrives with the next round's training replies)."""
         self._reset()
 
     def resume_from(self, checkpoint: dict[str, Any]) -> None:
@@ -107,6 +112,16 @@ class Recorded(Strategy):
         self.rounds = list(checkpoint["rounds"])
         self.offset = int(checkpoint["round"])
         self._elapsed = float(checkpoint["wall-time-s"])
+        self._pending = checkpoint.get("eval-pending")
+
+    def finish_pending(self, grid: Grid, timeout: float) -> None:
+        """A resumed run whose last round's evaluation was to travel with the next
+        training messages: evaluate that round now, by messages of its own."""
+        if self._pending is None:
+            return
+        metrics = self.inner.evaluate_now(grid, int(self._pending), timeout)
+        self._complete(int(self._pending), metrics)
+        self.write()
 
     def _reset(self) -> None:
         self._cur: dict[str, Any] = {
@@ -128,8 +143,13 @@ class Recorded(Strategy):
         t0 = time.perf_counter()
         msgs = list(self.inner.configure_train(server_round + self.offset, arrays, config, grid))
         self._cur["server-time-s"] += time.perf_counter() - t0
-        self._cur["bytes-down"] += sum(content_bytes(m.content) for m in msgs)
+        # arrays a message carries for the previous round's evaluation only count as
+        # that round's evaluation traffic
+        folded = self.inner.folded_bytes
+        self._cur["bytes-down"] += sum(content_bytes(m.content) for m in msgs) - folded
         self._cur["train-messages"] += len(msgs)
+        if folded and self._pending is not None:
+            self._row_of(self._pending)["bytes-down-eval"] += folded
         return msgs
 
     def aggregate_train(
@@ -152,6 +172,9 @@ class Recorded(Strategy):
         arrays, metrics = self.inner.aggregate_train(server_round + self.offset, replies)
         self._cur["server-time-s"] += time.perf_counter() - t0
         self._cur["train"] = dict(metrics) if metrics is not None else None
+        done = self.inner.take_completed_eval()
+        if done is not None:
+            self._complete(*done)
         return arrays, metrics
 
     def configure_evaluate(
@@ -166,6 +189,7 @@ class Recorded(Strategy):
     ) -> MetricRecord | None:
         metrics = self.inner.aggregate_evaluate(server_round + self.offset, replies)
         self._cur["eval"] = dict(metrics) if metrics is not None else None
+        self._cur["eval-pending"] = self.inner.pending_eval == server_round + self.offset
         return metrics
 
     def summary(self) -> None:
@@ -179,13 +203,17 @@ class Recorded(Strategy):
             self._start = self._mark = now
             return None
         row = self._row(server_round + self.offset, now - self._mark)
+        pending = self._cur.get("eval-pending", False)
         self.inner.diagnostics = {}
         self.inner.size_ratios = {}
         self._mark = now
         self.rounds.append(row)
         self.tracker.log_round(row, self.inner.rejected)
         self._reset()
-        self._print(row)
+        if pending:
+            self._pending = row["round"]
+        else:
+            self._print(row)
         self.write()
         checkpoint.write(
             self.out_dir,
@@ -195,9 +223,23 @@ class Recorded(Strategy):
                 "strategy": self.inner.state_dict(),
                 "rounds": self.rounds,
                 "wall-time-s": self.wall_time(),
+                "eval-pending": self._pending,
             },
         )
         return None
+
+    def _row_of(self, server_round: int) -> dict[str, Any]:
+        return next(r for r in reversed(self.rounds) if r["round"] == server_round)
+
+    def _complete(self, server_round: int, metrics: MetricRecord | None) -> None:
+        """Round ``server_round``'s evaluation arrived (with the next round's training
+        replies): fill in its row, print it."""
+        row = self._row_of(server_round)
+        row.update(self._eval_fields(dict(metrics) if metrics is not None else None))
+        if self._pending == server_round:
+            self._pending = None
+        self._print(row)
+        self.tracker.log_round(row, self.inner.rejected)
 
     def wall_time(self) -> float:
         return self._elapsed + time.perf_counter() - self._start
@@ -216,16 +258,32 @@ class Recorded(Strategy):
             **self.inner.round_facts(),
         }
 
-    def _row(self, server_round: int, seconds: float) -> dict[str, Any]:
-        cur, ev, tr = self._cur, self._cur["eval"] or {}, self._cur["train"] or {}
+    def _eval_fields(self, metrics: dict[str, Any] | None) -> dict[str, Any]:
+        """A round's evaluation entries (None: no evaluation)."""
+        ev = metrics or {}
         return {
-            "round": server_round,
             "accuracy": ev.get("accuracy"),
             "accuracy-mean": ev.get("accuracy-mean"),
             "accuracy-std": ev.get("accuracy-std"),
             "loss": ev.get("loss"),
             "accuracy-global": ev.get("accuracy-global"),
             "accuracy-without-shared": ev.get("accuracy-without-shared"),
+            "eval-diagnostics": {k: v for k, v in ev.items() if k not in EVAL_SUMMARY},
+            "eval-clients": int(ev.get("eval-clients", 0)),
+            "client-accuracy": {
+                str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())
+            }
+            if metrics
+            else {},
+        }
+
+    def _row(self, server_round: int, seconds: float) -> dict[str, Any]:
+        cur, tr = self._cur, self._cur["train"] or {}
+        evaluation = self._eval_fields(cur["eval"])
+        scores = {k: evaluation.pop(k) for k in SCORES}  # the row's first columns
+        return {
+            "round": server_round,
+            **scores,
             "bytes-up": cur["bytes-up"],
             "bytes-down": cur["bytes-down"],
             "bytes-up-per-client": cur["bytes-up"] / max(cur["train-replies"], 1),
@@ -242,13 +300,7 @@ class Recorded(Strategy):
             "client-train": {str(k): v for k, v in sorted(self.inner.last_train.items())},
             "server-diagnostics": dict(self.inner.diagnostics),
             "upload-size-ratio": dict(self.inner.size_ratios),
-            "eval-diagnostics": {k: v for k, v in ev.items() if k not in EVAL_SUMMARY},
-            "eval-clients": int(ev.get("eval-clients", 0)),
-            "client-accuracy": {
-                str(k): v["accuracy"] for k, v in sorted(self.inner.last_eval.items())
-            }
-            if cur["eval"]
-            else {},
+            **evaluation,
             **self._virtual(),
         }
 

@@ -36,7 +36,16 @@ from common.records import (
     to_record,
 )
 from strategies.clock import client_seconds
-from strategies.replies import EvalRow, NodeInfo, Upload, eval_metrics, eval_row, train_upload
+from strategies.evalfold import fold, folded_metrics
+from strategies.replies import (
+    EvalRow,
+    NodeInfo,
+    Upload,
+    eval_metrics,
+    eval_row,
+    metrics_row,
+    train_upload,
+)
 from strategies.robust import (
     direction_outliers,
     flat_update,
@@ -48,7 +57,10 @@ from strategies.robust import (
 if TYPE_CHECKING:  # pragma: no cover - typing only (models import torch)
     from models import HetNet
 
-__all__ = ["HeteroStrategy", "NodeInfo", "RunSettings", "Upload", "run_settings"]
+__all__ = ["EVAL_MODES", "HeteroStrategy", "NodeInfo", "RunSettings", "Upload", "run_settings"]
+
+EVAL_MODES = ("with-train", "separate")
+"""How a round's evaluation reaches the nodes (run-config ``eval-mode``)."""
 
 
 class RunSettings(TypedDict, total=False):
@@ -68,6 +80,7 @@ class RunSettings(TypedDict, total=False):
     max_norm_ratio: float
     min_cosine: float
     eval_every: int
+    eval_mode: str
     num_rounds: int
     seed: int
 
@@ -89,6 +102,7 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         "max_norm_ratio": cfg.robust.max_norm_ratio,
         "min_cosine": cfg.robust.min_cosine,
         "eval_every": cfg.eval_every,
+        "eval_mode": cfg.eval_mode,
         "num_rounds": cfg.num_server_rounds,
         "seed": cfg.seed,
     }
@@ -127,6 +141,7 @@ class HeteroStrategy(Strategy):
         max_norm_ratio: float = 50.0,
         min_cosine: float = -1.0,
         eval_every: int = 1,
+        eval_mode: str = "with-train",
         num_rounds: int = 10,
         seed: int = 0,
     ) -> None:
@@ -168,8 +183,29 @@ class HeteroStrategy(Strategy):
         self._sent_bytes: dict[int, int] = {}
         self.eval_every = eval_every
         """Evaluate every this many rounds (and after the last)."""
+        if eval_mode not in EVAL_MODES:
+            raise ValueError(f"eval-mode {eval_mode!r}: choose one of {list(EVAL_MODES)}")
+        self.eval_mode = eval_mode
+        """``with-train``: a round's evaluation goes to the nodes that train next inside
+        their training message (:mod:`strategies.evalfold`); ``separate``: its own
+        ``evaluate`` messages."""
         self.num_rounds = num_rounds
         """The run's last round number (evaluation always runs after it)."""
+        self._planned: dict[int, list[NodeInfo]] = {}
+        """Round -> the nodes sampled for its training ahead of time (``with-train``:
+        chosen when the round before is evaluated)."""
+        self._deferred: dict[int, Message] = {}
+        """Node id -> the evaluation message that goes inside its next training message."""
+        self.pending_eval: int | None = None
+        """The round whose evaluation waits for replies to the next training messages."""
+        self._pending_rows: list[EvalRow] = []
+        """That evaluation's rows from nodes evaluated by a message of their own."""
+        self.completed_eval: tuple[int, MetricRecord | None] | None = None
+        """``(round, metrics)`` of a pending evaluation that the last training replies
+        completed (taken by the recorder with :meth:`take_completed_eval`)."""
+        self.folded_bytes = 0
+        """Array bytes the last training messages carried for evaluation only
+        (:data:`~common.messages.EVAL_ARRAYS`)."""
         self.seed = seed
         """Seeds sampling and everything the server initialises or shuffles."""
         self.nodes: dict[int, NodeInfo] = {}
@@ -389,19 +425,22 @@ class HeteroStrategy(Strategy):
     ) -> Iterable[Message]:
         """One ``train.<name>`` message per sampled node."""
         self._adopt(arrays)
-        nodes = self._sample(
-            grid,
-            server_round,
-            self.fraction_train,
-            self.min_train_nodes,
-            salt=0,
-        )
+        nodes = self._planned.pop(server_round, None) or self._train_sample(grid, server_round)
         log(INFO, "configure_train: %d nodes", len(nodes))
         self.awaiting = {n.node_id for n in nodes}
         self.plan_round(server_round, nodes)
         msgs = self._messages(server_round, nodes, "train", config)
+        self.folded_bytes = sum(
+            fold(m, self._deferred.pop(m.metadata.dst_node_id))
+            for m in msgs
+            if m.metadata.dst_node_id in self._deferred
+        )
+        self._deferred = {}
         self._sent_bytes = {m.metadata.dst_node_id: content_bytes(m.content) for m in msgs}
         return self._remember(msgs)
+
+    def _train_sample(self, grid: Grid, server_round: int) -> list[NodeInfo]:
+        return self._sample(grid, server_round, self.fraction_train, self.min_train_nodes, salt=0)
 
     def valid_uploads(self, server_round: int, replies: Iterable[Message]) -> list[Upload]:
         """Replies usable for aggregation; every other one is logged and recorded."""
@@ -420,9 +459,9 @@ class HeteroStrategy(Strategy):
             if reason is not None:
                 log(
                     WARNING,
-                    "round %d: dropped reply of node %d: %s",
+                    "round %d: dropped reply of %s: %s",
                     server_round,
-                    nid,
+                    self.describe(nid),
                     reason,
                 )
                 self.rejected.append((server_round, nid, reason))
@@ -509,7 +548,13 @@ class HeteroStrategy(Strategy):
                 )
             )
         for nid, reason in outliers.items():
-            log(WARNING, "round %d: dropped reply of node %d: %s", server_round, nid, reason)
+            log(
+                WARNING,
+                "round %d: dropped reply of %s: %s",
+                server_round,
+                self.describe(nid),
+                reason,
+            )
             self.rejected.append((server_round, nid, reason))
         return [u for u in uploads if u.node.node_id not in outliers]
 
@@ -548,14 +593,15 @@ class HeteroStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, then :meth:`aggregate`; too few valid replies keep the state."""
         replies = list(replies)
+        self._complete_evaluation(replies)
         self.missing = sorted(self.awaiting - {self.sender(r) for r in replies})
         if self.missing:
             log(
                 WARNING,
-                "round %d: no reply within round-timeout=%gs from node(s) %s",
+                "round %d: no reply within round-timeout=%gs from %s",
                 server_round,
                 self.round_timeout,
-                self.missing,
+                ", ".join(self.describe(n) for n in self.missing),
             )
         uploads = self.valid_uploads(server_round, replies)
         if len(uploads) < self.min_valid():
@@ -589,8 +635,11 @@ class HeteroStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Every ``eval-every`` rounds (and the last): ``evaluate.<name>``."""
-        last = server_round == self.num_rounds
+        """Every ``eval-every`` rounds (and the last): ``evaluate.<name>``; with
+        ``eval-mode = with-train`` (before the last round) only to the evaluated nodes
+        that do not train next round, the others' evaluation going inside their next
+        training message (:mod:`strategies.evalfold`)."""
+        last = server_round >= self.num_rounds
         if self.fraction_evaluate == 0 or (server_round % self.eval_every != 0 and not last):
             return []
         self._adopt(arrays)
@@ -601,7 +650,18 @@ class HeteroStrategy(Strategy):
             self.min_evaluate_nodes,
             salt=1,
         )
-        return self._remember(self._messages(server_round, nodes, "evaluate", config))
+        msgs = self._messages(server_round, nodes, "evaluate", config)
+        if self.eval_mode == "with-train" and not last:
+            upcoming = self._train_sample(grid, server_round + 1)
+            self._planned[server_round + 1] = upcoming
+            ahead = {n.node_id for n in upcoming}
+            self._deferred = {
+                m.metadata.dst_node_id: m for m in msgs if m.metadata.dst_node_id in ahead
+            }
+            msgs = [m for m in msgs if m.metadata.dst_node_id not in ahead]
+            if self._deferred:
+                self.pending_eval, self._pending_rows = server_round, []
+        return self._remember(msgs)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -609,7 +669,10 @@ class HeteroStrategy(Strategy):
         """Personalized accuracy: Σcorrect/Σsamples, plus mean and std over clients.
 
         Under ``data.protocol = official`` also ``accuracy-global``: the clients'
-        personalized models on the official test set (Σcorrect/Σsamples)."""
+        personalized models on the official test set (Σcorrect/Σsamples). While part
+        of the round's evaluation travels with the next training messages
+        (:attr:`pending_eval`), the rows are kept and None is returned; the next
+        :meth:`aggregate_train` completes it (:attr:`completed_eval`)."""
         rows: list[EvalRow] = []
         for reply in replies:
             nid = self.sender(reply)
@@ -617,21 +680,94 @@ class HeteroStrategy(Strategy):
             if row is None:
                 log(
                     WARNING,
-                    "round %d: evaluation of node %d dropped: %s",
+                    "round %d: evaluation of %s dropped: %s",
                     server_round,
-                    nid,
+                    self.describe(nid),
                     reason,
                 )
                 continue
             rows.append(row._replace(node_id=nid))
+        if self.pending_eval == server_round:
+            self._pending_rows = rows
+            return None
+        return self._evaluation(rows)
+
+    def _evaluation(self, rows: list[EvalRow]) -> MetricRecord | None:
+        """A round's evaluation metrics from its rows (in partition order, so that the
+        sums do not depend on the order replies arrived in)."""
         if not rows:
             return None
+        rows = sorted(rows, key=lambda r: (self._partition(r.node_id), r.node_id))
         self.last_eval = {
             self.nodes[r.node_id].partition_id: {"accuracy": r.correct / r.n, "num-examples": r.n}
             for r in rows
             if r.node_id in self.nodes
         }
         return eval_metrics(rows)
+
+    def _partition(self, node_id: int) -> int:
+        node = self.nodes.get(node_id)
+        return node.partition_id if node is not None else -1
+
+    def _complete_evaluation(self, replies: list[Message]) -> None:
+        """Complete :attr:`pending_eval` from the evaluations inside ``replies`` (a
+        node whose reply is an error, or lacks them, is missing from it, as a node
+        whose evaluation reply failed)."""
+        if self.pending_eval is None:
+            return
+        rows = list(self._pending_rows)
+        for reply in replies:
+            nid = self.sender(reply)
+            metrics = folded_metrics(reply)
+            if metrics is None:
+                reason = f"error reply: {reply.error.reason}" if reply.has_error() else "none sent"
+                log(
+                    WARNING,
+                    "round %d: evaluation of %s missing: %s",
+                    self.pending_eval,
+                    self.describe(nid),
+                    reason,
+                )
+                continue
+            row, reason = metrics_row(metrics)
+            if row is None:
+                log(
+                    WARNING,
+                    "round %d: evaluation of %s dropped: %s",
+                    self.pending_eval,
+                    self.describe(nid),
+                    reason,
+                )
+                continue
+            rows.append(row._replace(node_id=nid))
+        self.completed_eval = (self.pending_eval, self._evaluation(rows))
+        self.pending_eval, self._pending_rows = None, []
+
+    def take_completed_eval(self) -> tuple[int, MetricRecord | None] | None:
+        """The ``(round, metrics)`` the last training replies completed, once."""
+        done, self.completed_eval = self.completed_eval, None
+        return done
+
+    def evaluate_now(self, grid: Grid, server_round: int, timeout: float) -> MetricRecord | None:
+        """Round ``server_round``'s evaluation by messages of its own, now (a run
+        resumed after a round whose evaluation was to travel with the next round's
+        training messages: the checkpoint holds the same global state)."""
+        mode, self.eval_mode = self.eval_mode, "separate"
+        try:
+            msgs = list(self.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), grid))
+        finally:
+            self.eval_mode = mode
+        replies = grid.send_and_receive(msgs, timeout=timeout) if msgs else []
+        return self.aggregate_evaluate(server_round, replies)
+
+    def describe(self, node_id: int) -> str:
+        """``node 123 (partition 4, rpi4)``: a node as logs name it, with what it
+        reported about itself when it is known."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return f"node {node_id}"
+        profile = node.extras.get("profile") or node.extras.get("device") or node.arch
+        return f"node {node_id} (partition {node.partition_id}, {profile})"
 
     def summary(self) -> None:
         """Log the strategy's settings."""

@@ -79,7 +79,12 @@ def eval_row(reply: Message) -> tuple[EvalRow | None, str]:
         return None, f"error reply: {reply.error.reason}"
     if "metrics" not in reply.content.metric_records:
         return None, "no metrics"
-    m = reply.content.metric_records["metrics"]
+    return metrics_row(reply.content.metric_records["metrics"])
+
+
+def metrics_row(m: MetricRecord) -> tuple[EvalRow | None, str]:
+    """Parse and check an evaluation's metrics (an evaluation reply's ``metrics``, or
+    those a training reply carries for ``eval-mode = with-train``)."""
     try:
         n, correct, loss = int(m["num-examples"]), int(m["correct"]), float(m["loss-sum"])  # type: ignore[arg-type]
         g_n = int(m.get("global-num-examples", 0))  # type: ignore[arg-type]

@@ -86,6 +86,41 @@ def marked_app(tmp_path: Path) -> tuple[Path, Path]:
     return app, training
 
 
+COUNTING_MOD = """
+
+def _count_messages(msg, context, call_next):
+    # test build: one line per message a node's ClientApp receives
+    from pathlib import Path
+    config = msg.content.config_records.get("config", {{}})
+    line = "%s %s %s\\n" % (
+        context.node_config["partition-id"],
+        msg.metadata.message_type,
+        config.get("server-round", 0),
+    )
+    with open(Path({folder!r}) / "messages.log", "a") as out:
+        out.write(line)
+    return call_next(msg, context)
+
+
+app = make_app(mods=[_count_messages])
+"""
+
+
+def counted_app(tmp_path: Path) -> tuple[Path, Path]:
+    """A test build of the app whose ClientApp writes one line per message it
+    receives (partition, message type, round) to ``<folder>/messages.log``:
+    (app folder, that log)."""
+    app = app_copy(tmp_path)
+    folder = tmp_path / "counted"
+    folder.mkdir()
+    source = app / "client_app" / "app.py"
+    assert "\napp = make_app()\n" in source.read_text()
+    source.write_text(
+        source.read_text().replace("\napp = make_app()\n", COUNTING_MOD.format(folder=str(folder)))
+    )
+    return app, folder / "messages.log"
+
+
 def training_child(fed: Federation, node: int, training: Path, timeout: float = 120) -> int | None:
     """Wait for a task child of ``node`` that is inside its training handler."""
     deadline = time.monotonic() + timeout

@@ -18,6 +18,7 @@ from cli.federation import Federation
 from cli.launch import free_port
 from tests.federation_support import (
     app_copy,
+    counted_app,
     marked_app,
     run_overrides,
     training_child,
@@ -266,3 +267,34 @@ def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation, tmp_pat
     assert first["train-clients"] == 3
     assert first["missing-replies"] + len(res["summary"]["rejected-replies"]) == 1
     assert sorted(first["client-train"]) == ["0", "2"]
+
+
+@pytest.mark.parametrize("mode", ["with-train", "separate"])
+def test_one_message_per_node_round(fed: Federation, tmp_path: Path, mode: str) -> None:
+    """Counted where the messages arrive (a test build of the ClientApp logs each):
+    with ``eval-mode = with-train`` every node gets one message per round (its
+    training message, which carries the previous round's evaluation) and one
+    closing evaluation; ``separate`` sends a training and an evaluation message per
+    node-round. Both runs evaluate the same."""
+    app, log = counted_app(tmp_path)
+    fed.app_dir = app
+    try:
+        outcome = fed.run(
+            overrides(fed, mode, **{"num-server-rounds": 3, "eval-mode": mode}), timeout=900
+        )
+    finally:
+        fed.app_dir = ROOT
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    got: dict[tuple[str, str, str], int] = {}
+    for pid, kind, rnd in lines:
+        if kind.startswith(("train.", "evaluate.")):
+            got[pid, kind.split(".")[0], rnd] = got.get((pid, kind.split(".")[0], rnd), 0) + 1
+    trains = {(str(p), "train", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
+    if mode == "with-train":
+        assert got == {**trains, **{(str(p), "evaluate", "3"): 1 for p in range(3)}}
+    else:
+        evals = {(str(p), "evaluate", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
+        assert got == {**trains, **evals}
+    res = results(fed, mode)
+    assert [r["eval-clients"] for r in res["rounds"]] == [3, 3, 3]
