@@ -197,3 +197,28 @@ def test_a_simulation_killed_after_round_3_of_6_resumes_to_the_same_metrics(
     got = json.loads((crashed / "results.json").read_text())["rounds"]
     assert len(want) == 6
     assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
+
+
+def test_eval_modes_give_the_same_accuracies_under_flwr_run(tmp_path: Path) -> None:
+    """The same seed under Flower's simulation engine (Ray actors, replies in any
+    order): ``eval-mode = with-train`` and ``separate`` record the same per-round
+    evaluations (in-process, every method: tests/test_eval_mode.py)."""
+    rows = {}
+    for mode in ("with-train", "separate"):
+        overrides = {
+            **_common(tmp_path / mode),
+            "algorithm": "fedre",
+            "num-server-rounds": 3,
+            "eval-mode": mode,
+        }
+        outcome = run_simulation(
+            ROOT, overrides, num_supernodes=3, flwr_home=tmp_path / "flwr", timeout=600
+        )
+        assert outcome.status == "finished:completed", outcome.log_path.read_text()[-3000:]
+        res = json.loads((tmp_path / mode / "out" / "results.json").read_text())
+        rows[mode] = [
+            (r["accuracy"], r["loss"], r["accuracy-std"], r["client-accuracy"])
+            for r in res["rounds"]
+        ]
+    assert rows["with-train"] == rows["separate"]
+    assert all(acc is not None for acc, *_ in rows["with-train"])
