@@ -237,7 +237,25 @@ class RobustConfig(Section):
     """Reject a parameter upload (fedavg, lgfedavg, fedlora, fml, fedara's
     reconstructed update) whose update has a cosine below this with the round's
     coordinate-wise median update: it points away from what the round agrees on
-    (a sign-flipped update has about minus the honest cosine); -1 = off."""
+    (a sign-flipped update has about minus the honest cosine); -1 = off. Two passes:
+    the second against the median of the updates the first kept. FedARA's replies are
+    judged on their reconstructed update and on the tensors every tier sends whole."""
+    prototypes: Literal["none", "screen", "median"] = "none"
+    """Per-class screening before the servers of fedgh, fedtgp and fedre train on
+    the uploads. ``screen``: a prototype is dropped when its cosine with the
+    coordinate-wise median of its class's prototypes is below
+    ``robust.prototype-min-cosine`` or its norm is above
+    ``robust.prototype-max-norm-ratio`` × the class's median norm (fedre: a reply,
+    against the mix of per-class medians its soft label gives). ``median``: the same
+    screening, then fedgh and fedtgp train on each class's median of the prototypes
+    kept, in place of each (fedre: as ``screen``). ``none``: every valid upload is
+    trained on as sent."""
+    prototype_min_cosine: float = Field(0.0, ge=-1, le=1)
+    """``robust.prototypes``: the lowest cosine a prototype may have with its class's
+    median (features are non-negative, so honest ones have a positive cosine)."""
+    prototype_max_norm_ratio: float = Field(10.0, ge=0)
+    """``robust.prototypes``: the largest norm a prototype may have, in multiples of
+    its class's median norm; 0 = no norm test."""
 
 
 class PrivacyConfig(Section):

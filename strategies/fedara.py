@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from logging import WARNING
 from typing import Any, Literal, Self, Unpack
 
 import numpy as np
 import torch
+from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.messages import EXTRACTOR
@@ -32,7 +34,7 @@ from models.lowrank_state import (
 )
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.clock import node_device
-from strategies.robust import robust_mean
+from strategies.robust import direction_outliers, flat_update, robust_mean
 from strategies.timing import Phases
 
 
@@ -335,6 +337,46 @@ class FedARA(HeteroStrategy):
         """The reconstructed update (see :meth:`upload_size`), flattened in key order."""
         update = self._reconstructed_update(upload)
         return np.concatenate([update[k].numpy().ravel() for k in sorted(update)])
+
+    def _screen(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
+        """The shared screening, then, with ``robust.min-cosine`` on, the same
+        direction test on the tensors every tier sends whole (the layers no tier
+        factorises, and the biases). The reconstructed update alone does not tell a
+        flipped full-rank reply from an honest one: only the full-rank tier moves the
+        directions beyond the lower tiers' ranks, so the round's median update is
+        nearly orthogonal to a full-rank update of either sign (measured:
+        docs/robustness.md); on the tensors every reply carries the replies are
+        comparable."""
+        kept = super()._screen(server_round, uploads)
+        if self.min_cosine <= -1 or len(kept) < 3:
+            return kept
+        whole = [
+            key
+            for key, value in self.global_arrays.items()
+            if all(key in u.arrays and u.arrays[key].shape == value.shape for u in kept)
+        ]
+        if not whole:
+            return kept
+        updates = {
+            u.node.node_id: flat_update({k: u.arrays[k] for k in whole}, self.global_arrays)
+            for u in kept
+        }
+        pid = {u.node.node_id: u.node.partition_id for u in kept}
+        outliers = direction_outliers(updates, self.min_cosine)
+        for nid, reason in outliers.items():
+            reason = reason.replace(
+                "update direction:", "update direction (the tensors every tier sends whole):"
+            )
+            log(
+                WARNING,
+                "round %d: dropped reply of node %d (partition %d): %s",
+                server_round,
+                nid,
+                pid[nid],
+                reason,
+            )
+            self.rejected.append((server_round, nid, reason))
+        return [u for u in kept if u.node.node_id not in outliers]
 
     def _reconstructed_update(self, upload: Upload) -> dict[str, torch.Tensor]:
         tier = self.tier(upload.node)

@@ -7,15 +7,14 @@ from typing import Self, Unpack
 import numpy as np
 
 from common.config import RunConfig
-from common.messages import PROTO
 from common.records import Arrays
-from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
-from strategies.fedproto import expected_prototypes
+from strategies.base import NodeInfo, RunSettings, Upload, run_settings
+from strategies.fedproto import ClassScreened, expected_prototypes, screen_settings
 from strategies.heads import BIAS, head_diagnostics, initial_head, server_step
 from strategies.robust import largest_row_norm
 
 
-class FedGH(HeteroStrategy):
+class FedGH(ClassScreened):
     """FedGH: clients upload class prototypes, the server trains the shared head.
 
     Message contract: ``train.fedgh`` carries the global head ``{"head.weight"
@@ -23,7 +22,8 @@ class FedGH(HeteroStrategy):
     and replies with ``{"proto.<c>": [d]}`` for exactly the classes it has (after
     training). Server: SGD with cross-entropy on all (prototype, class) pairs,
     ``fedgh.server-lr``, ``fedgh.server-epochs``, batches of
-    ``fedgh.server-batch-size``, shuffled by (seed, round).
+    ``fedgh.server-batch-size``, shuffled by (seed, round); ``robust.prototypes``
+    screens each class's prototypes first (:class:`ClassScreened`).
     """
 
     name = "fedgh"
@@ -34,9 +34,17 @@ class FedGH(HeteroStrategy):
         server_lr: float = 0.01,
         server_epochs: int = 100,
         server_batch_size: int = 10,
+        prototypes: str = "none",
+        prototype_min_cosine: float = 0.0,
+        prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            prototypes=prototypes,
+            prototype_min_cosine=prototype_min_cosine,
+            prototype_max_norm_ratio=prototype_max_norm_ratio,
+            **kwargs,
+        )
         self.server_lr = server_lr
         self.server_epochs = server_epochs
         self.server_batch_size = server_batch_size
@@ -48,6 +56,7 @@ class FedGH(HeteroStrategy):
             server_lr=f.server_lr,
             server_epochs=f.server_epochs,
             server_batch_size=f.server_batch_size,
+            **screen_settings(cfg),
             **run_settings(cfg),
         )
 
@@ -61,15 +70,12 @@ class FedGH(HeteroStrategy):
         return largest_row_norm(upload.arrays)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        reps, labels = [], []
-        for u in uploads:
-            for key, value in u.arrays.items():
-                reps.append(value)
-                labels.append(int(key.removeprefix(PROTO)))
+        reps, labels = self.training_pairs(uploads)
         num_classes = self.global_arrays[BIAS].shape[0]
         onehot = np.eye(num_classes, dtype=np.float32)[labels]
         head, before, after = server_step(
-            self.global_arrays, np.stack(reps), onehot, self, self.seed, server_round
+            self.global_arrays, reps, onehot, self, self.seed, server_round
         )
         self.diagnostics = head_diagnostics(self.global_arrays, head, before, after)
+        self.diagnostics.update(self.screen_diagnostics())
         return head

@@ -9,12 +9,13 @@ import numpy as np
 from common.config import RunConfig
 from common.messages import REP, SOFT_LABEL
 from common.records import Arrays, invalid_reason
-from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
+from strategies.base import NodeInfo, RunSettings, Upload, run_settings
+from strategies.fedproto import ClassScreened, screen_settings
 from strategies.heads import head_diagnostics, initial_head, server_step
-from strategies.robust import largest_row_norm
+from strategies.robust import largest_row_norm, mixture_outliers
 
 
-class FedRE(HeteroStrategy):
+class FedRE(ClassScreened):
     """FedRE: one entangled representation per client per round.
 
     Message contract: ``train.fedre`` carries the global head ``{"head.weight"
@@ -30,6 +31,15 @@ class FedRE(HeteroStrategy):
     state is kept), then broadcast in the next ``train.fedre`` and in
     ``evaluate.fedre``. A soft label that is negative or does not sum to 1 is
     rejected.
+
+    ``robust.prototypes`` (``screen``; ``median`` screens the same way: a mixture has
+    no class of its own to take a median of): no upload holds one class's prototype,
+    so per class means per class *in the mixture*. Each class's reference is the
+    coordinate-wise median of all rows weighted by their soft label's weight on the
+    class; a reply is dropped when a row points away from (cosine below
+    ``robust.prototype-min-cosine``), or is longer than ``robust.prototype-max-norm-ratio``
+    times, the mix of class references its own soft label gives
+    (:func:`strategies.robust.mixture_outliers`).
     """
 
     name = "fedre"
@@ -42,9 +52,17 @@ class FedRE(HeteroStrategy):
         server_batch_size: int = 32,
         server_loss: Literal["mean", "sum"] = "mean",
         reps_per_client: int = 1,
+        prototypes: str = "none",
+        prototype_min_cosine: float = 0.0,
+        prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            prototypes=prototypes,
+            prototype_min_cosine=prototype_min_cosine,
+            prototype_max_norm_ratio=prototype_max_norm_ratio,
+            **kwargs,
+        )
         self.server_lr = server_lr
         self.server_epochs = server_epochs
         self.server_batch_size = server_batch_size
@@ -60,6 +78,7 @@ class FedRE(HeteroStrategy):
             server_batch_size=f.server_batch_size,
             server_loss=f.server_loss,
             reps_per_client=f.reps_per_client,
+            **screen_settings(cfg),
             **run_settings(cfg),
         )
 
@@ -82,6 +101,20 @@ class FedRE(HeteroStrategy):
     def upload_size(self, upload: Upload) -> float | None:
         return largest_row_norm({REP: upload.arrays[REP]})
 
+    def screen_classes(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
+        """Drop the replies :func:`strategies.robust.mixture_outliers` finds."""
+        found = mixture_outliers(
+            {u.node.node_id: u.arrays[REP] for u in uploads},
+            {u.node.node_id: u.arrays[SOFT_LABEL] for u in uploads},
+            self.prototype_min_cosine,
+            self.prototype_max_norm_ratio,
+        )
+        for u in uploads:
+            if u.node.node_id in found:
+                self.record_screened(server_round, u, found[u.node.node_id])
+        self.screened_items = len(found)
+        return [u for u in uploads if u.node.node_id not in found]
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         x = np.concatenate([u.arrays[REP] for u in uploads])
         y = np.concatenate([u.arrays[SOFT_LABEL] for u in uploads])
@@ -89,6 +122,7 @@ class FedRE(HeteroStrategy):
         self.diagnostics = head_diagnostics(self.global_arrays, head, before, after)
         # the floor of the soft-label loss: CE(w, q) = H(w) + KL(w || q) >= H(w)
         self.diagnostics["label-entropy"] = label_entropy(y)
+        self.diagnostics.update(self.screen_diagnostics())
         return head
 
 

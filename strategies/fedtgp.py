@@ -12,13 +12,13 @@ from common.messages import PROTO
 from common.records import Arrays
 from models.tgp import PrototypeGenerator, adaptive_margin, train_generator
 from models.threads import torch_threads
-from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
-from strategies.fedproto import class_mean, expected_prototypes
+from strategies.base import NodeInfo, RunSettings, Upload, run_settings
+from strategies.fedproto import ClassScreened, class_mean, expected_prototypes, screen_settings
 from strategies.heads import common_head_shape
 from strategies.robust import largest_row_norm
 
 
-class FedTGP(HeteroStrategy):
+class FedTGP(ClassScreened):
     """FedTGP: the server learns one prototype per class from the clients' ones.
 
     Message contract: as ``fedproto``. ``train.fedtgp`` carries the generated global
@@ -32,7 +32,9 @@ class FedTGP(HeteroStrategy):
     cross-entropy over ``−(‖p − g_c‖ + margin·[c = y])``; the margin is
     ``min(max_k min_{j≠k} ‖c_k − c_j‖, fedtgp.margin-threshold)`` over the centres
     ``c_k`` (per-class means) of this round's received prototypes. Broadcast: the
-    generated prototypes of every class.
+    generated prototypes of every class. ``robust.prototypes`` screens each class's
+    prototypes first (:class:`ClassScreened`; under ``median`` the centres are the
+    per-class medians too).
     """
 
     name = "fedtgp"
@@ -45,9 +47,17 @@ class FedTGP(HeteroStrategy):
         server_batch_size: int = 10,
         margin_threshold: float = 100.0,
         hidden_dim: int = 0,
+        prototypes: str = "none",
+        prototype_min_cosine: float = 0.0,
+        prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(
+            prototypes=prototypes,
+            prototype_min_cosine=prototype_min_cosine,
+            prototype_max_norm_ratio=prototype_max_norm_ratio,
+            **kwargs,
+        )
         self.server_epochs = server_epochs
         self.server_lr = server_lr
         self.server_batch_size = server_batch_size
@@ -66,6 +76,7 @@ class FedTGP(HeteroStrategy):
             server_batch_size=f.server_batch_size,
             margin_threshold=f.margin_threshold,
             hidden_dim=f.hidden_dim,
+            **screen_settings(cfg),
             **run_settings(cfg),
         )
 
@@ -92,18 +103,15 @@ class FedTGP(HeteroStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         assert self.generator is not None
-        protos, labels = [], []
-        for u in uploads:
-            for key, value in u.arrays.items():
-                protos.append(value)
-                labels.append(int(key.removeprefix(PROTO)))
-        centres = np.stack(list(class_mean(uploads).values()))
+        protos, labels = self.training_pairs(uploads)
+        rule = "median" if self.prototypes == "median" else "mean"
+        centres = np.stack(list(class_mean(uploads, rule).values()))
         margin = adaptive_margin(torch.from_numpy(centres), self.margin_threshold)
         gen = torch.Generator().manual_seed(self.seed * 100_003 + server_round)
         with torch_threads(1):  # thousands of tiny steps: threads only add overhead
             before, after = train_generator(
                 self.generator,
-                torch.from_numpy(np.stack(protos)).float(),
+                torch.from_numpy(protos).float(),
                 torch.tensor(labels),
                 margin,
                 epochs=self.server_epochs,
@@ -115,6 +123,7 @@ class FedTGP(HeteroStrategy):
             "margin": margin,
             "server-loss-before": before,
             "server-loss-after": after,
+            **self.screen_diagnostics(),
         }
         with torch.no_grad():
             table = self.generator().numpy()

@@ -143,11 +143,26 @@ def flat_update(upload: Arrays, served: Arrays) -> np.ndarray:
 
 def direction_outliers(updates: dict[int, np.ndarray], min_cosine: float) -> dict[int, str]:
     """Who points away from the round: each update's cosine with the coordinate-wise
-    median of all updates below ``min_cosine`` (node -> reason); nobody with fewer than
-    3 updates or a zero median."""
+    median update below ``min_cosine`` (node -> reason); nobody with fewer than 3
+    updates or a zero median.
+
+    Two passes: the first judges every update against the median of all of them; the
+    second judges every update again, against the median of those the first kept (a
+    minority that points one way drags the first median towards itself: honest
+    updates then look less aligned than they are, and hostile ones more)."""
     if len(updates) < 3:
         return {}
-    median = np.median(np.stack(list(updates.values())), axis=0)
+    first = _direction_pass(updates, updates, min_cosine)
+    kept = {n: v for n, v in updates.items() if n not in first}
+    if not first or len(kept) < 3:
+        return first
+    return _direction_pass(updates, kept, min_cosine)
+
+
+def _direction_pass(
+    updates: dict[int, np.ndarray], reference: dict[int, np.ndarray], min_cosine: float
+) -> dict[int, str]:
+    median = np.median(np.stack(list(reference.values())), axis=0)
     ref = float(np.linalg.norm(median))
     if ref == 0:
         return {}
@@ -159,5 +174,106 @@ def direction_outliers(updates: dict[int, np.ndarray], min_cosine: float) -> dic
             out[node] = (
                 f"update direction: cosine {cos:.2f} with the round's median update "
                 f"(robust.min-cosine {min_cosine:g})"
+            )
+    return out
+
+
+PROTOTYPE_SCREENS = ("none", "screen", "median")
+"""``robust.prototypes``: how the servers that train on prototypes (fedgh, fedtgp,
+fedproto) or on entangled representations (fedre) treat each class's uploads."""
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """cos(a, b); 0 when either is zero."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else 0.0
+
+
+def class_outliers(
+    groups: dict[int, dict[int, np.ndarray]], min_cosine: float, max_ratio: float
+) -> dict[int, dict[int, str]]:
+    """Per class, who does not look like the class: ``groups`` maps class -> node ->
+    that node's prototype of the class. Each class with at least 3 prototypes gets its
+    reference, the coordinate-wise median of its prototypes, and a prototype is an
+    outlier (node -> class -> reason) when
+
+    - its cosine with its class's median is below ``min_cosine`` (-1: no such test),
+    - its norm is above ``max_ratio`` × the median norm of its class's prototypes
+      (0: no such test).
+
+    Classes with fewer than 3 prototypes have no reference: nothing in them is judged.
+    """
+    medians: dict[int, np.ndarray] = {}
+    norms: dict[int, float] = {}
+    for c, members in groups.items():
+        if len(members) >= 3:
+            stacked = np.stack([v.astype(np.float64).ravel() for v in members.values()])
+            medians[c] = np.median(stacked, axis=0)
+            norms[c] = float(np.median(np.linalg.norm(stacked, axis=1)))
+    out: dict[int, dict[int, str]] = {}
+    for c in sorted(medians):
+        for node, value in groups[c].items():
+            v = value.astype(np.float64).ravel()
+            own = cosine(v, medians[c])
+            why = []
+            if own < min_cosine:
+                why.append(
+                    f"cosine {own:.2f} with the class's median "
+                    f"(robust.prototype-min-cosine {min_cosine:g})"
+                )
+            if max_ratio > 0 and norms[c] > 0 and float(np.linalg.norm(v)) > max_ratio * norms[c]:
+                ratio = float(np.linalg.norm(v)) / norms[c]
+                why.append(
+                    f"norm {ratio:.1f}× the class's median norm "
+                    f"(robust.prototype-max-norm-ratio {max_ratio:g})"
+                )
+            if why:
+                out.setdefault(node, {})[c] = ", ".join(why)
+    return out
+
+
+def mixture_outliers(
+    reps: dict[int, np.ndarray], labels: dict[int, np.ndarray], min_cosine: float, max_ratio: float
+) -> dict[int, str]:
+    """Screening for entangled representations (FedRE): ``reps`` node -> [n, d] rows,
+    each a mixture ``Σ_c w_c p_c`` of class prototypes, with its soft label ``w`` in
+    ``labels`` node -> [n, C].
+
+    Per class c the reference is the coordinate-wise median of every row weighted by
+    its ``w_c`` (the rows that hold class c, as much as they hold it); a row's expected
+    value is ``Σ_c w_c m_c`` over its classes. A node is an outlier when any of its rows
+    has a cosine below ``min_cosine`` with its expected value, or a norm above
+    ``max_ratio`` × the expected value's norm. A class needs rows of 3 nodes for a
+    median; a row with weight on a class without one is not judged. Node -> reason."""
+    if len(reps) < 3:
+        return {}
+    nodes = sorted(reps)
+    x = np.concatenate([reps[n].astype(np.float64).reshape(len(reps[n]), -1) for n in nodes])
+    w = np.concatenate([labels[n].astype(np.float64) for n in nodes])
+    owner = np.concatenate([[n] * len(reps[n]) for n in nodes])
+    medians: dict[int, np.ndarray] = {}
+    for c in range(w.shape[1]):
+        holds = w[:, c] > 0
+        if len(set(owner[holds].tolist())) >= 3:
+            medians[c] = weighted_median(x[holds], w[holds, c].tolist())
+    out: dict[int, str] = {}
+    for i, row in enumerate(x):
+        classes = np.flatnonzero(w[i] > 0)
+        if any(int(c) not in medians for c in classes):
+            continue
+        expected = sum(w[i, c] * medians[int(c)] for c in classes)
+        why = []
+        cos = cosine(row, expected)
+        if cos < min_cosine:
+            why.append(f"cosine {cos:.2f} with its soft label's mix of class medians")
+        ref = float(np.linalg.norm(expected))
+        if max_ratio > 0 and ref > 0 and float(np.linalg.norm(row)) > max_ratio * ref:
+            why.append(f"norm {float(np.linalg.norm(row)) / ref:.1f}× that mix's")
+        if why and int(owner[i]) not in out:
+            out[int(owner[i])] = (
+                f"class screening: row {i - int(np.flatnonzero(owner == owner[i])[0])}: "
+                + ", ".join(why)
+                + f" (robust.prototype-min-cosine {min_cosine:g}, "
+                f"robust.prototype-max-norm-ratio {max_ratio:g}): reply dropped"
             )
     return out

@@ -168,7 +168,10 @@ def test_direction_outliers_against_the_median_update() -> None:
     median = np.median(np.stack(list(ups.values())), axis=0)  # [1, 0.25]
     out = direction_outliers(ups, 0.0)
     assert set(out) == {4} and "cosine" in out[4]
-    cos = ups[4] @ median / (np.linalg.norm(ups[4]) * np.linalg.norm(median))
+    assert np.linalg.norm(median) > 0
+    # the verdict is the second pass's: against the median of 1, 2 and 3, [1, 0.5]
+    again = np.array([1.0, 0.5])
+    cos = ups[4] @ again / (np.linalg.norm(ups[4]) * np.linalg.norm(again))
     assert f"{cos:.2f}" in out[4]
     assert direction_outliers({1: ups[1], 2: ups[2]}, 0.0) == {}  # fewer than 3
     assert set(direction_outliers(ups, 0.99)) == {1, 2, 4}  # [2, 0.5] is parallel to it
@@ -177,6 +180,25 @@ def test_direction_outliers_against_the_median_update() -> None:
         {"a": np.ones((1, 2), np.float32), "b": np.zeros(2, np.float32)},
     )
     np.testing.assert_array_equal(got, [-1, -1, 1, 1])  # key order: a, then b
+
+
+def test_direction_screening_judges_again_against_the_median_of_those_it_kept() -> None:
+    """Two flipped updates drag the median of all six to [0.15, 0], against which the
+    honest [-0.5, 1.4] has cosine -0.34; against the median of the three the first
+    pass kept, [0.9, 0.5], it has 0.16 and stays, while the flipped ones still go."""
+    from strategies.robust import direction_outliers
+
+    honest = [np.array(v) for v in ([2.0, 0.5], [0.8, 1.1], [-0.5, 1.4], [0.9, -0.5])]
+    ups = {i: v for i, v in enumerate(honest)} | {4: -honest[0], 5: -honest[1]}
+    first = np.median(np.stack(list(ups.values())), axis=0)
+    np.testing.assert_allclose(first, [0.15, 0.0])
+    cos_first = ups[2] @ first / (np.linalg.norm(ups[2]) * np.linalg.norm(first))
+    assert cos_first == pytest.approx(-0.336, abs=1e-3)
+    out = direction_outliers(ups, 0.0)
+    assert set(out) == {4, 5}
+    second = np.array([0.9, 0.5])  # the median of [2, .5], [.8, 1.1], [.9, -.5]
+    cos = ups[4] @ second / (np.linalg.norm(ups[4]) * np.linalg.norm(second))
+    assert f"cosine {cos:.2f}" in out[4]
 
 
 def test_a_sign_flipped_update_is_screened_by_direction() -> None:
