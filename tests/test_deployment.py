@@ -159,12 +159,14 @@ def test_a_second_run_with_changed_app_code_uses_the_new_code(
 
 
 def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) -> None:
-    """SIGKILL of the SuperLink (and with it the ServerApp) after round 1 of 3; the
-    restarted SuperLink knows its nodes again, and `resume` finishes the run."""
+    """SIGKILL of the SuperLink (and with it the ServerApp) once round 2 of 3 has
+    started; the restarted SuperLink knows its nodes again, and `resume` finishes the
+    run: round 1's evaluation, which was travelling with round 2's training messages
+    (``eval-mode = with-train``), by messages of its own, then rounds 2 and 3."""
     killed = []
 
     def echo(line: str) -> None:
-        if not killed and "[fedhet] round 1/3" in line:
+        if not killed and "[ROUND 2/3]" in line:
             killed.append(time.time())
             threading.Thread(target=fed.restart_superlink, daemon=True).start()
 
@@ -175,6 +177,7 @@ def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) ->
         time.sleep(2)
     before = results(fed, "superlink-killed")["rounds"]
     assert [r["round"] for r in before] == [1]
+    assert before[0]["accuracy"] is None  # its evaluation was on its way
     resumed = fed.run(
         overrides(
             fed,
@@ -185,8 +188,44 @@ def test_a_killed_superlink_is_restarted_and_the_run_resumed(fed: Federation) ->
     )
     assert resumed.ok, resumed.log_path.read_text()[-3000:]
     rounds = results(fed, "superlink-killed")["rounds"]
-    assert [r["round"] for r in rounds] == [1, 2, 3] and rounds[0] == before[0]
-    assert all(r["valid-replies"] == 3 for r in rounds)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    evaluated = {"accuracy", "accuracy-mean", "accuracy-std", "loss", "accuracy-without-shared"}
+    evaluated |= {"eval-clients", "client-accuracy", "eval-diagnostics"}
+    assert {k: v for k, v in rounds[0].items() if k not in evaluated} == {
+        k: v for k, v in before[0].items() if k not in evaluated
+    }
+    assert all(r["valid-replies"] == 3 and r["eval-clients"] == 3 for r in rounds)
+
+
+@pytest.mark.parametrize("mode", ["with-train", "separate"])
+def test_one_message_per_node_round(fed: Federation, tmp_path: Path, mode: str) -> None:
+    """Counted where the messages arrive (a test build of the ClientApp logs each):
+    with ``eval-mode = with-train`` every node gets one message per round (its
+    training message, which carries the previous round's evaluation) and one
+    closing evaluation; ``separate`` sends a training and an evaluation message per
+    node-round. Both runs evaluate the same."""
+    app, log = counted_app(tmp_path)
+    fed.app_dir = app
+    try:
+        outcome = fed.run(
+            overrides(fed, mode, **{"num-server-rounds": 3, "eval-mode": mode}), timeout=900
+        )
+    finally:
+        fed.app_dir = ROOT
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    got: dict[tuple[str, str, str], int] = {}
+    for pid, kind, rnd in lines:
+        if kind.startswith(("train.", "evaluate.")):
+            got[pid, kind.split(".")[0], rnd] = got.get((pid, kind.split(".")[0], rnd), 0) + 1
+    trains = {(str(p), "train", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
+    if mode == "with-train":
+        assert got == {**trains, **{(str(p), "evaluate", "3"): 1 for p in range(3)}}
+    else:
+        evals = {(str(p), "evaluate", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
+        assert got == {**trains, **evals}
+    res = results(fed, mode)
+    assert [r["eval-clients"] for r in res["rounds"]] == [3, 3, 3]
 
 
 # ------------------------------------------- near the end: these two disturb node 1
@@ -267,34 +306,3 @@ def test_node_killed_in_round_one_does_not_stop_the_run(fed: Federation, tmp_pat
     assert first["train-clients"] == 3
     assert first["missing-replies"] + len(res["summary"]["rejected-replies"]) == 1
     assert sorted(first["client-train"]) == ["0", "2"]
-
-
-@pytest.mark.parametrize("mode", ["with-train", "separate"])
-def test_one_message_per_node_round(fed: Federation, tmp_path: Path, mode: str) -> None:
-    """Counted where the messages arrive (a test build of the ClientApp logs each):
-    with ``eval-mode = with-train`` every node gets one message per round (its
-    training message, which carries the previous round's evaluation) and one
-    closing evaluation; ``separate`` sends a training and an evaluation message per
-    node-round. Both runs evaluate the same."""
-    app, log = counted_app(tmp_path)
-    fed.app_dir = app
-    try:
-        outcome = fed.run(
-            overrides(fed, mode, **{"num-server-rounds": 3, "eval-mode": mode}), timeout=900
-        )
-    finally:
-        fed.app_dir = ROOT
-    assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    lines = [line.split() for line in log.read_text().splitlines()]
-    got: dict[tuple[str, str, str], int] = {}
-    for pid, kind, rnd in lines:
-        if kind.startswith(("train.", "evaluate.")):
-            got[pid, kind.split(".")[0], rnd] = got.get((pid, kind.split(".")[0], rnd), 0) + 1
-    trains = {(str(p), "train", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
-    if mode == "with-train":
-        assert got == {**trains, **{(str(p), "evaluate", "3"): 1 for p in range(3)}}
-    else:
-        evals = {(str(p), "evaluate", str(r)): 1 for p in range(3) for r in (1, 2, 3)}
-        assert got == {**trains, **evals}
-    res = results(fed, mode)
-    assert [r["eval-clients"] for r in res["rounds"]] == [3, 3, 3]

@@ -78,7 +78,14 @@ def kinds(grid: FakeGrid) -> Counter[tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("algorithm", sorted(methods.METHODS))
+FAST = ("lgfedavg", "fedtgp")
+"""Methods checked in the fast tier; every other registered one is ``slow``."""
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in sorted(methods.METHODS)],
+)
 def test_every_method_evaluates_the_same_inside_the_training_message(
     tmp_path: Path, algorithm: str
 ) -> None:
