@@ -449,7 +449,7 @@ def attack_section() -> str:
         rejected = sum(
             v
             for k, v in r["rejected"].items()
-            if k in ("robust.max-norm-ratio", "update direction")
+            if k in ("robust.max-norm-ratio", "update direction", "class screening")
         )
         text = f"{r['accuracy']:.3f} ({delta:+.1f})" if r["finite"] else "**non-finite**"
         return text + (f", {rejected} rejected" if rejected else "")
@@ -458,12 +458,13 @@ def attack_section() -> str:
         f"`python -m benchmarks.faults --attacks`: the same {doc['nodes']} clients, "
         f"{doc['rounds']} rounds and partition as the table above. Accuracy (last round) "
         "and, in brackets, points against the clean run; `n rejected`: replies rejected "
-        "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`. "
+        "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`, "
+        "or replies with prototypes dropped by `robust.prototypes`. "
         "Defaults columns: nothing set; `robust` columns: `robust.min-cosine = 0` "
         "(direction screening) for fedavg, lgfedavg, fedara, fedlora and fml, "
-        '`robust.aggregate = "median"` for fedkd and fedproto; fedgh, fedre and '
-        "fedtgp average nothing, so no option beyond the screening applies; `–`: not "
-        "applicable.",
+        '`robust.aggregate = "median"` for fedkd and fedproto, `robust.prototypes = '
+        '"median"` (per-class screening, then per-class medians) for fedgh and fedtgp, '
+        '`robust.prototypes = "screen"` for fedre; `–`: not applicable.",
         "",
         "| algorithm | " + " | ".join(ATTACK_COLUMNS) + " |",
         "|---|" + "---|" * len(ATTACK_COLUMNS),
@@ -550,6 +551,29 @@ def server_cost_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def links_section() -> str:
+    """``benchmarks/links.py``: round trips per node-round, bytes-limited rounds and
+    requests, by variant and eval-mode (docs/results/links.json)."""
+    from benchmarks.links import describe, requests_table, summarise, table
+
+    doc = load("links.json")
+    if not isinstance(doc, dict) or not doc.get("rows"):
+        return ""
+    summary = summarise(doc["rows"])
+    text = describe(doc["rows"]) + "\n\n" + table(summary) + "\n" + requests_table(summary)
+    cuts = load("links-cuts.json")
+    if isinstance(cuts, dict) and cuts.get("rows"):
+        rows = cuts["rows"]
+        text += (
+            f"\nWhat each cut gave, alone (`python -m benchmarks.links --rtts 0,1000 "
+            f"--rate-mbps 0 --rounds {rows[0]['rounds']} --variants before,objects,confirm,"
+            "fedhet --eval-modes with-train --algorithms lgfedavg --out "
+            "benchmarks/out/links-cuts.json`; a longer delay and more rounds than above, so "
+            "that a round trip stands out of the noise):\n\n" + table(summarise(rows))
+        )
+    return text
+
+
 def replace_block(text: str, tag: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{tag} -->\n).*?(<!-- /results:{tag} -->)", re.S)
     if not pattern.search(text):
@@ -594,6 +618,7 @@ def main() -> None:
         "faults": faults_section(),
         "attacks": attack_section(),
         "server-cost": server_cost_section(),
+        "links": links_section(),
         "honest-ratios": honest_ratios_section(),
         "profiles": profiles_section(),
     }

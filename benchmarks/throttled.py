@@ -24,28 +24,24 @@ server's round time. Medians over rounds 2..R (round 1 builds the partition cach
 from __future__ import annotations
 
 import argparse
-import bisect
-import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cgroups import PERIOD_US, CgroupSampler, CpuLimit, cgroup_unavailable
 from cli.federation import Federation
 from cli.launch import descendants
+from cli.linkproxy import Link
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 100_000
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 THROTTLED = 1
 """The node (index and partition id) that runs under the quota."""
@@ -56,212 +52,6 @@ node's ceiling, these shares make it its floor too when other work shares the
 machine's cores (a real slow device does not compete with them). None: 1024."""
 HOST_SPEED_ENV = "FEDHET_HOST_SPEED"
 """The federation's processes take the host speed from it (``models.workload.host_speed``)."""
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# ---------------------------------------------------------------------- the cgroup
-def cgroup_unavailable(root: Path = CPU_CGROUPS) -> str | None:
-    """Why a CPU-limited cgroup cannot be made here (None: it can)."""
-    probe = root / f"fedhet-probe-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.mkdir()
-    except OSError as exc:
-        return f"cgroup v1 cpu controller not writable at {root}: {exc}"
-    try:
-        (probe / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (probe / "cpu.cfs_quota_us").write_text(str(PERIOD_US // 4))
-    except OSError as exc:
-        return f"cgroup v1 cpu controller not writable at {root}: {exc}"
-    finally:
-        with contextlib.suppress(OSError):
-            probe.rmdir()
-    return None
-
-
-class CpuLimit:
-    """A cgroup v1 ``cpu`` group limited to ``quota`` of one core (None: no limit);
-    a context manager that moves every process left in it back to the parent group
-    and removes it on exit."""
-
-    def __init__(
-        self,
-        quota: float | None,
-        root: Path = CPU_CGROUPS,
-        period_us: int = PERIOD_US,
-        shares: int | None = None,
-    ) -> None:
-        self.quota, self.root, self.period_us, self.shares = quota, root, period_us, shares
-        self.path = root / f"fedhet-throttled-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-    def __enter__(self) -> CpuLimit:
-        self.path.mkdir()
-        try:
-            (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
-            limit = -1 if self.quota is None else max(1000, round(self.quota * self.period_us))
-            (self.path / "cpu.cfs_quota_us").write_text(str(limit))
-            if self.shares is not None:
-                (self.path / "cpu.shares").write_text(str(self.shares))
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def add(self, pids: Iterable[int]) -> list[int]:
-        """Move ``pids`` (each a whole process) into the group; the ones moved."""
-        moved = []
-        for pid in pids:
-            try:
-                (self.path / "cgroup.procs").write_text(str(pid))
-            except OSError:  # ended meanwhile
-                continue
-            moved.append(pid)
-        return moved
-
-    def pids(self) -> list[int]:
-        try:
-            text = (self.path / "cgroup.procs").read_text()
-        except OSError:
-            return []
-        return [int(p) for p in text.split()]
-
-    def stat(self) -> dict[str, int]:
-        """``cpu.stat``: nr_periods, nr_throttled, throttled_time (ns), ..."""
-        try:
-            lines = (self.path / "cpu.stat").read_text().splitlines()
-        except OSError:
-            return {}
-        return {k: int(v) for k, v in (line.split() for line in lines if line.strip())}
-
-    def close(self) -> None:
-        """Processes still in the group go back to the parent; the group is removed."""
-        if not self.path.exists():
-            return
-        deadline = time.monotonic() + 15
-        while True:
-            for pid in self.pids():
-                with contextlib.suppress(OSError):
-                    (self.root / "cgroup.procs").write_text(str(pid))
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    print(f"warning: could not remove {self.path}", file=sys.stderr)
-                    return
-                time.sleep(0.2)
-
-
-# ---------------------------------------------------------------------- sampling
-def proc_stat(pid: int) -> tuple[int, float, float] | None:
-    """(ppid, CPU seconds, start in seconds since boot) of ``pid``; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[19]) / CLK_TCK
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-@dataclass
-class Seen:
-    """A process of the cgroup as the sampler saw it."""
-
-    pid: int
-    ppid: int
-    start_s: float
-    """Start, seconds since boot (``/proc/<pid>/stat``, clock-tick resolution)."""
-    cpu_first: float
-    cpu_last: float
-    last_seen_s: float
-    """Last time it was alive, seconds since boot (``CLOCK_BOOTTIME``)."""
-    command: str
-
-
-class CgroupSampler(threading.Thread):
-    """Every process in ``limit`` every ``interval`` s: when it started, when it was
-    last seen alive, its CPU time (a process shorter than ``interval`` may be missed;
-    the last ``interval`` of a process's CPU time is)."""
-
-    def __init__(self, limit: CpuLimit, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.limit, self.interval = limit, interval
-        self.seen: dict[int, Seen] = {}
-        self.series: list[tuple[float, dict[int, float]]] = []
-        """(time since boot, CPU seconds of each process then), every sample."""
-        self.halt = threading.Event()
-
-    def sample(self) -> None:
-        now = time.clock_gettime(time.CLOCK_BOOTTIME)
-        cpus: dict[int, float] = {}
-        for pid in self.limit.pids():
-            st = proc_stat(pid)
-            if st is None:
-                continue
-            ppid, cpu, start = st
-            cpus[pid] = cpu
-            known = self.seen.get(pid)
-            if known is None or known.start_s != start:  # new (or a reused pid)
-                self.seen[pid] = Seen(pid, ppid, start, cpu, cpu, now, cmdline(pid))
-            else:
-                known.cpu_last, known.last_seen_s = cpu, now
-        self.series.append((now, cpus))
-
-    def cpu_between(self, start_s: float, end_s: float, pids: set[int]) -> float:
-        """CPU seconds ``pids`` spent from the last sample at or before ``start_s`` to
-        the first at or after ``end_s`` (both: seconds since boot)."""
-        times = [t for t, _ in self.series]
-        if not times:
-            return 0.0
-        i = max(bisect.bisect_right(times, start_s) - 1, 0)
-        j = min(bisect.bisect_left(times, end_s), len(times) - 1)
-        before, after = self.series[i][1], self.series[j][1]
-        return sum(after[p] - before.get(p, 0.0) for p in pids if p in after)
-
-    def run(self) -> None:
-        while not self.halt.wait(self.interval):
-            self.sample()
-
-    def finish(self) -> None:
-        self.halt.set()
-        self.join()
-
-    def tasks(self, executor_pid: int) -> list[Seen]:
-        """The ClientApp task processes: children of the executor's fork server
-        (or of the executor itself), by start."""
-        below = [s for s in self.seen.values() if s.ppid == executor_pid]
-        servers = {s.pid for s in below if "forkserver" in s.command}
-        parents = servers or {executor_pid}
-        return sorted(
-            (s for s in self.seen.values() if s.ppid in parents and s.pid not in servers),
-            key=lambda s: s.start_s,
-        )
-
-    def cpu_by_role(self, supernode_pid: int, executor_pid: int) -> dict[str, float]:
-        """CPU seconds spent in the group while sampled, by role."""
-        task_pids = {t.pid for t in self.tasks(executor_pid)}
-        out: dict[str, float] = {}
-        for s in self.seen.values():
-            if s.pid == supernode_pid:
-                role = "supernode"
-            elif s.pid in task_pids:
-                role = "tasks"
-            elif s.pid == executor_pid or s.ppid == executor_pid:
-                role = "executor"
-            else:
-                role = "other"
-            first = s.cpu_first if s.pid in (supernode_pid, executor_pid) else 0.0
-            out[role] = out.get(role, 0.0) + s.cpu_last - first
-        return out
 
 
 # ---------------------------------------------------------------------- one federation
@@ -300,10 +90,22 @@ def run_quota(
     period_us: int = PERIOD_US,
     shares: int | None = SHARES,
     echo: bool = False,
+    *,
+    link: Link | None = None,
+    device_class: str | None = None,
+    evaluate: bool = False,
 ) -> dict[str, Any]:
     """One federation with node 1 under ``quota`` of a core (1.0: in the group, no
-    limit); per-round facts of node 1 and their medians over rounds 2..R."""
-    name = f"q{quota:g}"
+    limit); per-round facts of node 1 and their medians over rounds 2..R.
+
+    ``link``: node 1 reaches the SuperLink over it (its node-config says so too);
+    ``device_class``: node 1 runs that class's model (run-config ``fleet``; node 0 a
+    Pi 4's, the lightest, so that the round waits for node 1); ``evaluate``: the run
+    evaluates every round (inside the training messages, ``eval-mode``'s default)
+    instead of training only."""
+    name = f"q{quota:g}" + (f"-link{link.rtt_ms:g}" if link else "")
+    name += f"-{device_class}" if device_class else ""
+    name += "-eval" if evaluate else ""
     work = tmpd / f"fed-{name}"
     out = tmpd / f"run-{name}"
     overrides: dict[str, Any] = {
@@ -317,11 +119,31 @@ def run_quota(
         "data.cache-dir": str(cache),
         **data_overrides(fraction),
     }
+    if evaluate:
+        del overrides["fraction-evaluate"]
+    if device_class:  # node 0 the lightest model (CNN-5): node 1 is the slowest
+        overrides["fleet"] = f"rpi4:1,{device_class}:1"
+    configs = node_configs(work, host, quota)
+    if link is not None:
+        configs[THROTTLED].update(
+            {
+                "latency-ms": link.rtt_ms,
+                "uplink-mbps": link.up_mbps or LINK_MBPS,
+                "downlink-mbps": link.down_mbps or LINK_MBPS,
+            }
+        )
     printer = print if echo else None
     limit_q = None if quota >= 1 else quota
     with (
         CpuLimit(limit_q, period_us=period_us, shares=shares) as limit,
-        Federation(work, node_configs(work, host, quota), ROOT, secure=True, echo=printer) as fed,
+        Federation(
+            work,
+            configs,
+            ROOT,
+            secure=True,
+            echo=printer,
+            links=[None, link] if link else (),
+        ) as fed,
     ):
         supernode = fed.procs.procs[f"supernode-{THROTTLED}"].pid
         executor = fed.procs.procs[f"superexec-{THROTTLED}"].pid
@@ -343,21 +165,41 @@ def run_quota(
         others = {pid for pid in sampler.seen if pid not in task_pids}
     if not outcome.ok:
         log = outcome.log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"q={quota:g}: run {outcome.status}; end of its log:\n{log}")
+        raise RuntimeError(f"{name}: run {outcome.status}; end of its log:\n{log}")
     res = json.loads((out / "results.json").read_text())
     rows = res["rounds"]
     # node 1's task processes: the run's first messages (profile query, ...), then
-    # one training task per round (no evaluation)
-    train_tasks = tasks[-rounds:] if len(tasks) >= rounds else []
+    # one training task per round, and with evaluation the last round's closing one
+    last = len(tasks) - (1 if evaluate else 0)
+    train_tasks = tasks[last - rounds : last] if last >= rounds else []
+    starts = [t.start_s for t in train_tasks] + [time.clock_gettime(time.CLOCK_BOOTTIME)]
     key = str(THROTTLED)
     per_round = []
     for i, row in enumerate(rows):
         reply, ref = row["client-train"][key], row["client-train"]["0"]
         task = train_tasks[i] if train_tasks else None
+        eval_cpu = float(reply.get("eval-cpu-s") or 0.0)
+        # the node's SuperNode, executor and fork server from this task's start to
+        # the next one's: what the node spends per message beyond the task process
+        daemons = sampler.cpu_between(starts[i], starts[i + 1], others) if task else None
+        overhead = (
+            task.cpu_last - reply["train-cpu-s"] - eval_cpu + (daemons or 0.0) if task else None
+        )
+        wall = task.last_seen_s - task.start_s if task else None
         per_round.append(
             {
                 "round": row["round"],
                 "predicted-s": row["client-virtual-time-s"][key],
+                "predicted-round-s": row["virtual-time-s"],
+                "eval-cpu-s": eval_cpu,
+                "node-daemons-cpu-per-round-s": daemons,
+                "task-overhead-cpu-s": overhead,
+                "round-beyond-task-s": (
+                    row["round-time-s"] - wall - row["server-time-s"] - (daemons or 0.0) / quota
+                    if wall is not None
+                    else None
+                ),
+                "server-time-s": row["server-time-s"],
                 "virtual-compute-s": reply["virtual-compute-s"],
                 "train-cpu-s": reply["train-cpu-s"],
                 "cpu-over-quota-s": reply["train-cpu-s"] / quota,
@@ -377,43 +219,17 @@ def run_quota(
                 "reference-predicted-s": row["client-virtual-time-s"]["0"],
             }
         )
-    later = per_round[1:] or per_round
-
-    def med(k: str) -> float | None:
-        return median([r[k] for r in later if r[k] is not None])
-
-    summary = {k: med(k) for k in per_round[0] if k != "round"}
-
-    def ratio(a: str, b: str) -> float | None:
-        x, y = summary[a], summary[b]
-        return x / y if x is not None and y else None
-
-    task_cpu = summary["task-cpu-s"]
-    return {
+    run: dict[str, Any] = {
         "quota": quota,
         "cfs-quota-us": None if limit_q is None else round(limit_q * period_us),
         "cfs-period-us": period_us,
         "node-speed": host * quota,
         "rounds": per_round,
-        "median": summary,
-        # the check: the virtual clock's prediction over the measured training time
-        "ratio-predicted-over-train-time": ratio("predicted-s", "train-time-s"),
-        "ratio-per-round-median": median(
-            [r["predicted-s"] / r["train-time-s"] for r in later if r["train-time-s"]]
-        ),
-        # its two factors: the quota arithmetic, and the task's host speed measurement
-        "ratio-cpu-over-quota-over-train-time": ratio("cpu-over-quota-s", "train-time-s"),
-        # the whole task process: does its CPU / q explain its wall time, and how much
-        # of it does the virtual clock (training only) cover
-        "ratio-task-cpu-over-quota-over-task-wall": task_cpu / quota / summary["task-wall-s"]
-        if task_cpu is not None and summary["task-wall-s"]
-        else None,
-        "ratio-predicted-over-task-wall": ratio("predicted-s", "task-wall-s"),
-        "ratio-predicted-over-round-time": ratio("predicted-s", "round-time-s"),
-        # CPU share of one core the node's training got (train-cpu-s / train-time-s;
-        # the quota's arithmetic holds when it is q) and node 0's (1: no contention)
-        "achieved-share": ratio("train-cpu-s", "train-time-s"),
-        "reference-achieved-share": ratio("reference-train-cpu-s", "reference-train-time-s"),
+        "link": None
+        if link is None
+        else {"rtt-ms": link.rtt_ms, "up-mbps": link.up_mbps, "down-mbps": link.down_mbps},
+        "device-class": device_class,
+        "evaluate": evaluate,
         "cpu-shares": shares,
         "node-cpu-s-by-role": roles,
         "node-cpu-share-of-quota": sum(roles.values()) / run_s / quota,
@@ -424,11 +240,67 @@ def run_quota(
         ],
         "training-tasks-found": len(train_tasks),
     }
+    run.update(summarise_quota(run))
+    return run
+
+
+def summarise_quota(run: dict[str, Any]) -> dict[str, Any]:
+    """Medians of a federation's rounds 2..R (with evaluation 2..R-1: the last round
+    also carries the closing evaluation message), and the ratios the tables show."""
+    per_round, quota = run["rounds"], run["quota"]
+    later = per_round[1:-1] if run.get("evaluate") and len(per_round) > 2 else per_round[1:]
+    later = later or per_round
+
+    def med(k: str) -> float | None:
+        return median([r[k] for r in later if r.get(k) is not None])
+
+    summary = {k: med(k) for k in per_round[0] if k != "round"}
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = summary.get(a), summary.get(b)
+        return x / y if x is not None and y else None
+
+    task_cpu = summary["task-cpu-s"]
+    return {
+        "median": summary,
+        "medians-over-rounds": [r["round"] for r in later],
+        # the clock's training part over the measured training time
+        "ratio-predicted-over-train-time": ratio("virtual-compute-s", "train-time-s"),
+        "ratio-per-round-median": median(
+            [r["virtual-compute-s"] / r["train-time-s"] for r in later if r["train-time-s"]]
+        ),
+        # the check: the clock's round (the slowest node's message + the server step)
+        # over the round the server measured
+        "ratio-predicted-round-over-round-time": ratio("predicted-round-s", "round-time-s"),
+        # its two factors: the quota arithmetic, and the task's host speed measurement
+        "ratio-cpu-over-quota-over-train-time": ratio("cpu-over-quota-s", "train-time-s"),
+        # the whole task process: does its CPU / q explain its wall time, and how much
+        # of it does the virtual clock cover
+        "ratio-task-cpu-over-quota-over-task-wall": task_cpu / quota / summary["task-wall-s"]
+        if task_cpu is not None and summary["task-wall-s"]
+        else None,
+        "ratio-predicted-over-task-wall": ratio("predicted-s", "task-wall-s"),
+        "ratio-predicted-over-round-time": ratio("predicted-s", "round-time-s"),
+        # CPU share of one core the node's training got (train-cpu-s / train-time-s;
+        # the quota's arithmetic holds when it is q) and node 0's (1: no contention)
+        "achieved-share": ratio("train-cpu-s", "train-time-s"),
+        "reference-achieved-share": ratio("reference-train-cpu-s", "reference-train-time-s"),
+    }
 
 
 # ---------------------------------------------------------------------- the benchmark
 FIELDS = {
-    "predicted-s": "node 1's client-virtual-time-s: virtual-compute-s + transfers + latency",
+    "predicted-s": "node 1's client-virtual-time-s: its training and evaluation on its "
+    "device + the task, the protocol and the transfers of its message (the virtual clock)",
+    "predicted-round-s": "the round's virtual-time-s: the slowest node's "
+    "client-virtual-time-s + the server step",
+    "eval-cpu-s": "CPU seconds of the evaluation node 1's training message carried",
+    "node-daemons-cpu-per-round-s": "CPU of node 1's SuperNode, executor and fork "
+    "server from this round's task start to the next one's",
+    "task-overhead-cpu-s": "task-cpu-s - train-cpu-s - eval-cpu-s + the daemons' CPU of "
+    "the round: the work of a message beyond training and evaluation",
+    "round-beyond-task-s": "round-time-s - task-wall-s - server-time-s - the daemons' "
+    "CPU / q: the protocol's time at this link",
     "virtual-compute-s": "train-cpu-s x host-speed-task / node speed (host speed here x q)",
     "train-cpu-s": "process CPU time of install + train + upload in the task (its reply)",
     "cpu-over-quota-s": "train-cpu-s / q: the prediction with the task's host speed "
@@ -443,22 +315,50 @@ FIELDS = {
     "imports, data, model, reply (outside the virtual clock)",
     "node-others-cpu-s": "CPU time of node 1's SuperNode, executor and fork server while "
     "the training task ran (they share the quota)",
-    "round-time-s": "the server's round time (training only; node 1 is the slowest)",
+    "round-time-s": "the server's round time (node 1 is the slowest)",
     "reference-*": "node 0 (no limit, speed = host speed), the same quantities",
 }
 """What each per-round entry (and its median) is."""
 
 
+@dataclass(frozen=True)
+class Row:
+    """One federation of the benchmark: node 1's quota, its link, its device class,
+    and whether the run evaluates (inside its training messages)."""
+
+    quota: float
+    link: Link | None = None
+    device_class: str | None = None
+    evaluate: bool = False
+
+
+CHECK_ROWS = (
+    Row(0.3, evaluate=True),
+    Row(1.0, link=Link(delay_ms=50.0, up_mbps=10.0, down_mbps=10.0), evaluate=True),
+)
+"""``--check``: a node at 0.3 of a core, and a node behind a 100 ms / 10 Mbit/s link;
+the clock's round time against the server's."""
+
+
+def task_cost_rows() -> list[Row]:
+    """``--task-cost``: node 1 at half a core (the slowest node, so the round waits
+    for it) with each device class's model, evaluating every round."""
+    from common.devices import DEVICES
+
+    return [Row(0.5, device_class=name, evaluate=True) for name in DEVICES]
+
+
 def measure(
-    quotas: Sequence[float],
+    quotas: Sequence[float] | Sequence[Row],
     rounds: int = 5,
     fraction: float = 0.05,
     period_us: int = PERIOD_US,
     shares: int | None = SHARES,
     echo: bool = False,
 ) -> dict[str, Any]:
-    """Every quota in its own federation; the host speed measured once, here, and
-    given to every process of the federations (``FEDHET_HOST_SPEED``)."""
+    """Every row (a quota, or a :class:`Row`) in its own federation; the host speed
+    measured once, here, and given to every process of the federations
+    (``FEDHET_HOST_SPEED``)."""
     reason = cgroup_unavailable()
     if reason is not None:
         raise RuntimeError(reason)
@@ -467,6 +367,7 @@ def measure(
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from models.workload import measure_speed
 
+    rows = [q if isinstance(q, Row) else Row(float(q)) for q in quotas]
     host = measure_speed(threads=1)
     results = []
     before = os.environ.get(HOST_SPEED_ENV)
@@ -474,10 +375,21 @@ def measure(
     try:
         with tempfile.TemporaryDirectory(prefix="fedhet-throttled-") as tmp:
             tmpd = Path(tmp)
-            for q in quotas:
+            for row in rows:
                 results.append(
                     run_quota(
-                        q, host, rounds, fraction, tmpd, tmpd / "cache", period_us, shares, echo
+                        row.quota,
+                        host,
+                        rounds,
+                        fraction,
+                        tmpd,
+                        tmpd / "cache",
+                        period_us,
+                        shares,
+                        echo,
+                        link=row.link,
+                        device_class=row.device_class,
+                        evaluate=row.evaluate,
                     )
                 )
     finally:
@@ -487,28 +399,63 @@ def measure(
             os.environ[HOST_SPEED_ENV] = before
     return {
         "workload": f"lgfedavg, 2 nodes, {data_overrides(fraction)['data.name']} "
-        f"data.fraction={fraction} iid, {rounds} rounds, train.num-threads=1, no evaluation; "
-        "loopback deployment with TLS + node auth, warm executors; node 1's SuperNode + "
-        "executor + ClientApp tasks in one cgroup v1 cpu group "
-        f"(cfs period {period_us} us, cpu.shares {shares or 1024})",
+        f"data.fraction={fraction} iid, {rounds} rounds, train.num-threads=1, evaluation "
+        "where a row says so (inside the training messages); loopback deployment with "
+        "TLS + node auth, warm executors; node 1's SuperNode + executor + ClientApp tasks "
+        f"in one cgroup v1 cpu group (cfs period {period_us} us, cpu.shares "
+        f"{shares or 1024})",
         "host-speed-gflops": host,
         "load-average-1min": os.getloadavg()[0],
         "cpus": os.cpu_count(),
-        "predicted": "node 1's client-virtual-time-s (virtual-compute-s + transfers)",
-        "measured": "node 1's train-time-s (wall time of its training loop, from its reply); "
-        "also its whole training task process's wall time (task-wall-s) and the round time",
-        "medians-over": f"rounds 2..{rounds}" if rounds > 1 else "round 1",
+        "predicted": "node 1's virtual-compute-s (its training) and the round's "
+        "virtual-time-s (the slowest node's client-virtual-time-s + the server step)",
+        "measured": "node 1's train-time-s (wall time of its training loop, from its reply) "
+        "and the server's round-time-s; also its training task process's wall time",
+        "medians-over": f"rounds 2..{rounds} (2..{rounds - 1} when evaluating)"
+        if rounds > 1
+        else "round 1",
         "fields": FIELDS,
         "quotas": results,
     }
 
 
+def task_cost(result: dict[str, Any]) -> dict[str, Any]:
+    """Per device class (``--task-cost`` rows): a task's CPU beyond training and
+    evaluation (median), as reference-workload GFLOP (x this machine's speed), and
+    the round's time beyond the task at no round-trip time."""
+    host = result["host-speed-gflops"]
+    out: dict[str, Any] = {}
+    for r in result["quotas"]:
+        if not r.get("device-class"):
+            continue
+        m = r["median"]
+        cpu = m["task-overhead-cpu-s"]
+        out[r["device-class"]] = {
+            "task-overhead-cpu-s": cpu,
+            "task-gflop": None if cpu is None else cpu * host,
+            "round-beyond-task-s": m["round-beyond-task-s"],
+            "eval-cpu-s": m["eval-cpu-s"],
+            "train-cpu-s": m["train-cpu-s"],
+        }
+    return out
+
+
+def row_name(r: dict[str, Any]) -> str:
+    name = f"q={r['quota']:g}"
+    if r.get("link"):
+        link = r["link"]
+        name += f", link {link['rtt-ms']:g} ms / {link['up-mbps']:g} Mbit/s"
+    if r.get("device-class"):
+        name += f", {r['device-class']}"
+    return name + (", evaluating" if r.get("evaluate") else "")
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| quota | predicted s (virtual clock) | measured s (train-time-s) | pred / meas "
-        "| CPU share got (node 0) | task wall s | task CPU / q s | clock / task wall "
-        "| round s | throttled periods |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| node 1 | training: predicted s (virtual clock) | measured s (train-time-s) "
+        "| pred / meas | CPU share got (node 0) | task wall s | task CPU / q s "
+        "| round: predicted s | measured s (round-time-s) | pred / meas | throttled periods |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def f(x: float | None, digits: int = 2) -> str:
@@ -519,10 +466,11 @@ def table(result: dict[str, Any]) -> str:
         task_cpu_q = None if m["task-cpu-s"] is None else m["task-cpu-s"] / r["quota"]
         st = r["cpu-stat"]
         lines.append(
-            f"| {r['quota']:g} | {f(m['predicted-s'])} | {f(m['train-time-s'])} | "
+            f"| {row_name(r)} | {f(m['virtual-compute-s'])} | {f(m['train-time-s'])} | "
             f"{f(r['ratio-predicted-over-train-time'])} | {f(r['achieved-share'])} "
             f"({f(r['reference-achieved-share'])}) | {f(m['task-wall-s'])} | {f(task_cpu_q)} | "
-            f"{f(r['ratio-predicted-over-task-wall'])} | {f(m['round-time-s'])} | "
+            f"{f(m['predicted-round-s'])} | {f(m['round-time-s'])} | "
+            f"{f(r.get('ratio-predicted-round-over-round-time'))} | "
             f"{st.get('nr_throttled', 0)}/{st.get('nr_periods', 0)} |"
         )
     return "\n".join(lines)
@@ -531,35 +479,73 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quotas", default="1,0.5,0.25", help="shares of one core, comma-separated")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="instead: the round checks (q=0.3; a 100 ms / 10 Mbit/s link), evaluating",
+    )
+    ap.add_argument(
+        "--task-cost",
+        action="store_true",
+        help="instead: a task's cost beyond training per device class (q=0.5, evaluating)",
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fraction", type=float, default=0.05, help="data.fraction")
     ap.add_argument("--period-us", type=int, default=PERIOD_US, help="cpu.cfs_period_us")
     ap.add_argument(
         "--shares", type=int, default=SHARES, help="cpu.shares of the node's group (1024: default)"
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/throttled.json")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/out/<mode>.json")
     ap.add_argument(
-        "--archive", action="store_true", help="also copy the JSON to docs/results/throttled.json"
+        "--archive", action="store_true", help="also copy the JSON to docs/results/<mode>.json"
     )
     ap.add_argument("--verbose", action="store_true", help="print the federation's output")
+    ap.add_argument(
+        "--resummarise",
+        type=Path,
+        default=None,
+        help="run nothing: recompute the medians (and task cost) of this JSON's rounds",
+    )
     args = ap.parse_args()
-    quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
-    if any(not 0 < q <= 1 for q in quotas):
-        raise SystemExit("--quotas: each a share of one core in (0, 1]")
+    if args.resummarise is not None:
+        result = json.loads(args.resummarise.read_text())
+        for run in result["quotas"]:
+            run.update(summarise_quota(run))
+        if any(r.get("device-class") for r in result["quotas"]):
+            result["task-cost"] = task_cost(result)
+        args.resummarise.write_text(json.dumps(result, indent=1) + "\n")
+        print(table(result))
+        print(json.dumps(result.get("task-cost", {}), indent=1))
+        return
+    rows: list[Row]
+    if args.task_cost:
+        mode, rows = "throttled-task-cost", task_cost_rows()
+    elif args.check:
+        mode, rows = "throttled-check", list(CHECK_ROWS)
+    else:
+        mode = "throttled"
+        rows = [Row(float(q)) for q in args.quotas.split(",") if q.strip()]
+        if any(not 0 < r.quota <= 1 for r in rows):
+            raise SystemExit("--quotas: each a share of one core in (0, 1]")
     try:
         result = measure(
-            quotas, args.rounds, args.fraction, args.period_us, args.shares, args.verbose
+            rows, args.rounds, args.fraction, args.period_us, args.shares, args.verbose
         )
     except RuntimeError as exc:
         raise SystemExit(str(exc)) from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.task_cost:
+        result["task-cost"] = task_cost(result)
+    out = args.out or ROOT / f"benchmarks/out/{mode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     if args.archive:
-        archived = ROOT / "docs/results/throttled.json"
+        archived = ROOT / f"docs/results/{mode}.json"
         archived.write_text(json.dumps(result, indent=1) + "\n")
         print(f"archived: {archived}")
     print(table(result))
-    print(f"\n{args.out}")
+    if args.task_cost:
+        print(json.dumps(result["task-cost"], indent=1))
+    print(f"\n{out}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.throttled import CPU_CGROUPS, cgroup_unavailable, measure, table
+from benchmarks.cgroups import CPU_CGROUPS
+from benchmarks.throttled import CHECK_ROWS, Row, cgroup_unavailable, measure, table
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +33,7 @@ def test_throttled_node_matches_virtual_clock() -> None:
     (run,) = result["quotas"]
     m = run["median"]
     print(
-        f"q={QUOTA}: predicted {m['predicted-s']:.2f} s, measured {m['train-time-s']:.2f} s "
+        f"q={QUOTA}: predicted {m['virtual-compute-s']:.2f} s, measured {m['train-time-s']:.2f} s "
         f"(ratio {run['ratio-predicted-over-train-time']:.2f}; train-cpu-s / q "
         f"{m['cpu-over-quota-s']:.2f} s, host speed task / here {m['host-speed-ratio']:.2f})"
     )
@@ -45,4 +46,30 @@ def test_throttled_node_matches_virtual_clock() -> None:
     ratio = run["ratio-predicted-over-train-time"]
     assert 1 - BOUND <= ratio <= 1 + BOUND, ratio
     # nothing left behind
+    assert not list(CPU_CGROUPS.glob("fedhet-throttled-*"))
+
+
+ROUND_BOUND = 0.3
+"""±30 % for the round checks below (the benchmark's goal is 15 %, over medians of
+4 rounds: docs/results/throttled-check.json); 2 rounds of one federation here, on a
+shared machine. The clock without the task's cost and the protocol (training and
+transfers only, one latency) predicted 0.56 of the round at q = 0.3."""
+
+
+@pytest.mark.parametrize("row", CHECK_ROWS, ids=["quota-0.3", "link-100ms-10mbit"])
+def test_the_clock_predicts_a_slow_nodes_round(row: Row) -> None:
+    """A node at 0.3 of a core, and a node behind a 100 ms / 10 Mbit/s link, both
+    evaluating inside their training messages: the round the clock predicts (the
+    slowest node's message + the server step) against the round the server measured."""
+    reason = cgroup_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    result = measure([row], rounds=3, fraction=0.05)
+    print()
+    print(table(result))
+    (run,) = result["quotas"]
+    assert run["training-tasks-found"] == 3
+    assert run["median"]["eval-cpu-s"] > 0  # its messages carried an evaluation
+    ratio = run["ratio-predicted-round-over-round-time"]
+    assert 1 - ROUND_BOUND <= ratio <= 1 + ROUND_BOUND, ratio
     assert not list(CPU_CGROUPS.glob("fedhet-throttled-*"))
