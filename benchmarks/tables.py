@@ -449,7 +449,7 @@ def attack_section() -> str:
         rejected = sum(
             v
             for k, v in r["rejected"].items()
-            if k in ("robust.max-norm-ratio", "update direction", "class screening")
+            if k in ("robust.max-norm-ratio", "update direction")
         )
         text = f"{r['accuracy']:.3f} ({delta:+.1f})" if r["finite"] else "**non-finite**"
         return text + (f", {rejected} rejected" if rejected else "")
@@ -458,13 +458,12 @@ def attack_section() -> str:
         f"`python -m benchmarks.faults --attacks`: the same {doc['nodes']} clients, "
         f"{doc['rounds']} rounds and partition as the table above. Accuracy (last round) "
         "and, in brackets, points against the clean run; `n rejected`: replies rejected "
-        "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`, "
-        "or replies with prototypes dropped by `robust.prototypes`. "
+        "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`. "
         "Defaults columns: nothing set; `robust` columns: `robust.min-cosine = 0` "
         "(direction screening) for fedavg, lgfedavg, fedara, fedlora and fml, "
-        '`robust.aggregate = "median"` for fedkd and fedproto, `robust.prototypes = '
-        '"median"` (per-class screening, then per-class medians) for fedgh and fedtgp, '
-        '`robust.prototypes = "screen"` for fedre; `–`: not applicable.",
+        '`robust.aggregate = "median"` for fedkd and fedproto; fedgh, fedre and '
+        "fedtgp average nothing, so no option beyond the screening applies; `–`: not "
+        "applicable.",
         "",
         "| algorithm | " + " | ".join(ATTACK_COLUMNS) + " |",
         "|---|" + "---|" * len(ATTACK_COLUMNS),
