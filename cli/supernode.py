@@ -201,6 +201,31 @@ class _TakenReplies:
         return getattr(self._state, name)
 
 
+class _NotesCreated:
+    """A node state that notes the tasks it creates and the instruction messages it
+    stores (for :meth:`RunWatch.pull` to undo them); all else is the state's."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+        self.tasks: list[int] = []
+        self.messages: list[str] = []
+
+    def create_task(self, *args: Any, **kwargs: Any) -> Any:
+        task_id = self._state.create_task(*args, **kwargs)
+        if task_id is not None:
+            self.tasks.append(task_id)
+        return task_id
+
+    def store_message(self, message: Any) -> Any:
+        stored = self._state.store_message(message)
+        if not message.metadata.reply_to_message_id:
+            self.messages.append(message.metadata.message_id)
+        return stored
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
 class _RingsOnStore:
     """A node state that calls ``ring`` once it has stored an instruction message
     (its task can start: its objects follow, and the task's ClientApp waits for them
@@ -285,18 +310,59 @@ class RunWatch:
 
         bound.arguments["receive"] = receive_and_note
         self.get_run = bound.arguments["get_run"]
-        if self._on_stored is not None and "state" in bound.arguments:
-            bound.arguments["state"] = _RingsOnStore(bound.arguments["state"], self._on_stored)
+        state = bound.arguments.get("state")
+        noted = _NotesCreated(state) if state is not None else None
+        if noted is not None:
+            bound.arguments["state"] = noted
+        if self._on_stored is not None and noted is not None:
+            bound.arguments["state"] = _RingsOnStore(noted, self._on_stored)
         if self._confirm_along and "confirm_message_received" in bound.arguments:
             bound.arguments["confirm_message_received"] = self._confirm_later(
                 bound.arguments["confirm_message_received"]
             )
         run_id = self._pull(*bound.args, **bound.kwargs)
+        if run_id is None and noted is not None and noted.tasks:
+            self._abandon(state, bound.arguments.get("object_store"), noted)
         self.run_id = run_id
         self.message_ids = received if run_id is not None else []
         if run_id is not None and self._on_message is not None:
             self._on_message(kinds[0] if kinds else "")
         return run_id
+
+    def _abandon(self, state: Any, store: Any, noted: _NotesCreated) -> None:
+        """Flower's pull stored a message and created its task, then gave up on it
+        without finishing the task: the run stopped while the message's objects were
+        pulled (a ``RunNotRunningException``, which Flower's own clean-up does not
+        catch), e.g. a SuperLink restarted mid-round. Left so, the task's ClientApp
+        waited for those objects for ever and its executor took no other task: finish
+        the task (stopped: the warm executor ends its child), drop the message."""
+        status = flower_internal("flwr.common.constant", "Status")
+        stopped = flower_internal("flwr.common.constant", "SubStatus").STOPPED
+        unfinished = state.get_tasks(
+            task_ids=list(noted.tasks), statuses=[status.PENDING, status.STARTING, status.RUNNING]
+        )
+        ended = [
+            t.task_id
+            for t in unfinished
+            if state.finish_task(
+                t.task_id, sub_status=stopped, details="its run stopped while its message arrived"
+            )
+        ]
+        if noted.messages:
+            state.delete_messages(message_ids=list(noted.messages))
+            if store is not None:
+                for message_id in noted.messages:
+                    store.delete(message_id)
+        if ended:
+            log(
+                INFO,
+                "fedhet: the run of message(s) %s stopped while they arrived: finished "
+                "task(s) %s, dropped the message(s)",
+                noted.messages,
+                ended,
+            )
+            if self._on_stop is not None:
+                self._on_stop()
 
     def _confirm_later(self, confirm: Callable[[int, str], None]) -> Callable[[int, str], None]:
         """Flower's ``confirm_message_received``, sent in a thread of its own: the

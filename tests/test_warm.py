@@ -1137,3 +1137,54 @@ def test_the_child_tells_the_executor_as_it_reports_its_tasks_end(
     )
     _clientapp_child(["flwr-clientapp"], False, finishing)
     assert pushed == [True]  # set before the node hears of it
+
+
+def test_a_message_whose_run_stops_while_it_arrives_leaves_no_task_behind() -> None:
+    """A SuperLink restarted while a node pulled a message's objects: Flower's pull
+    has stored the message and created its task, then meets the run's
+    ``RunNotRunningException`` (a BaseException its clean-up does not catch) and
+    returns None with the task unfinished, so that the task's ClientApp waited for
+    the objects for ever and the executor took no other task. The node finishes the
+    task (stopped: its child's heartbeat fails, the warm executor ends it) and drops
+    the message."""
+    from flwr.common.constant import Status, SubStatus
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.run import RunNotRunningException
+    from flwr.supernode.start_client_internal import _insert_message
+
+    node = _Node()
+    msg = _instruction(9)
+    node.inbox.append(msg)
+    node.runs[9] = True
+
+    def pull(*, state, object_store, receive, get_run) -> int | None:  # type: ignore[no-untyped-def]
+        got = receive()
+        task_id = state.create_task(TaskType.CLIENT_APP, got[0].metadata.run_id, "fab")
+        _insert_message(got[0], state, object_store)
+        state.claim_task(task_id)
+        state.activate_task(task_id)
+        try:  # pulling the message's objects: the restarted SuperLink's answer
+            raise RunNotRunningException
+        except RunNotRunningException:
+            return None  # what Flower's _pull_and_store_message does
+
+    from cli.supernode import RunWatch
+
+    rung: list[int] = []
+
+    def push(*, state, object_store) -> None:  # type: ignore[no-untyped-def]
+        raise AssertionError("nothing to push")
+
+    watch = RunWatch(pull, push, on_stop=lambda: rung.append(1))
+    assert (
+        watch.pull(
+            state=node.state, object_store=node.store, receive=node.receive, get_run=node.get_run
+        )
+        is None
+    )
+    task = node.task(9)
+    assert (task.status.status, task.status.sub_status) == (Status.FINISHED, SubStatus.STOPPED)
+    assert not node.state.acknowledge_task_heartbeat(task.task_id)
+    assert node.state.get_messages_legacy() == []
+    assert node.store.get(msg.metadata.message_id) is None
+    assert rung == [1]  # a held task request is answered
