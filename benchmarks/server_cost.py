@@ -23,7 +23,10 @@ over one run of ``--rounds`` rounds:
 * requests the SuperLink received, by path (a counting middleware in the SuperLink
   process: ``python -m benchmarks.server_cost superlink`` is ``flower-superlink`` with
   that middleware);
-* each round's latency overhead: its wall time minus the slowest client's training.
+* each round's latency overhead: its wall time minus the slowest client's training;
+* the steady state: CPU and requests from the end of round 1 (when results.json first
+  has a row) to the end of the run, per node-round over the rounds after the first
+  (start-up, the profile query, the executors' first task and round 1 excluded).
 
 From these: CPU cores per connected node (idle and active), requests per node and
 round by kind, and the nodes one server core carries at 30 s and 300 s rounds
@@ -68,6 +71,8 @@ SETTLE_S = 110.0
 down to their idle pace (``cli/pacing.py``: 10 s after 100 s idle)."""
 MODES: dict[str, dict[str, Any]] = {
     "fedhet": {"warm": True, "env": {}, "config": {}},
+    "memory": {"warm": True, "env": {}, "config": {}, "durable": False},
+    "separate": {"warm": True, "env": {}, "config": {"eval-mode": "separate"}},
     "fast": {
         "warm": True,
         "env": {"FEDHET_NODE_POLL": "fast"},
@@ -76,7 +81,11 @@ MODES: dict[str, dict[str, Any]] = {
     "stock": {"warm": False, "env": {}, "config": {"reply-poll": "flower"}},
 }
 """How each mode starts its federation (``warm``: the warm executor and ``fedhet
-supernode``), the environment of its processes and its run-config."""
+supernode``; ``durable``: the SuperLink's state in a database file, the default of
+``fedhet federation``, else in memory), the environment of its processes and its
+run-config. ``memory``: the defaults with the SuperLink's state in memory;
+``separate``: the defaults with ``eval-mode = separate`` (a training and an
+evaluation message per node-round)."""
 ROUND_LENGTHS_S = (30.0, 300.0)
 
 
@@ -263,17 +272,27 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
     saved = {k: os.environ.get(k) for k in spec["env"]}
     os.environ.update(spec["env"])
     try:
-        fed = CountingFederation(work / f"fed-{mode}-{nodes}", configs, ROOT, warm=spec["warm"])
+        fed = CountingFederation(
+            work / f"fed-{mode}-{nodes}",
+            configs,
+            ROOT,
+            warm=spec["warm"],
+            durable=spec.get("durable", True),
+        )
         with fed, RoleGroups(fed) as groups:
             time.sleep(SETTLE_S)
             c0, r0 = groups.usage(), read_counts(fed.counts_path)
             time.sleep(IDLE_S)
             c1, r1 = groups.usage(), read_counts(fed.counts_path)
             out = work / f"run-{mode}-{nodes}"
+            first = FirstRound(out / "results.json", groups, fed.counts_path)
+            first.start()
             t0 = time.monotonic()
             outcome = fed.run(run_overrides(out, cache, rounds, spec["config"]), timeout=1800)
             wall = time.monotonic() - t0
             c2, r2 = groups.usage(), read_counts(fed.counts_path)
+            first.stop.set()
+            first.join()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -287,7 +306,18 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
     idle_cpu, active_cpu = minus(c1, c0), minus(c2, c1)
     idle_req, active_req = minus(r1, r0), minus(r2, r1)
     overheads = round_overheads(results)
+    steady = {}
+    if first.at is not None:
+        cpu_1, req_1, t_1 = first.at
+        steady = {
+            "steady-cpu-s": minus(c2, cpu_1),
+            "steady-requests": {
+                request_kind(k): v for k, v in sorted(minus(r2, req_1).items()) if v
+            },
+            "steady-wall-s": t0 + wall - t_1,
+        }
     return {
+        **steady,
         "mode": mode,
         "nodes": nodes,
         "rounds": rounds,
@@ -302,6 +332,25 @@ def measure(mode: str, nodes: int, rounds: int, work: Path, cache: Path) -> dict
         "idle-requests": {request_kind(k): v for k, v in sorted(idle_req.items()) if v},
         "active-requests": {request_kind(k): v for k, v in sorted(active_req.items()) if v},
     }
+
+
+class FirstRound(threading.Thread):
+    """Watches a run's results.json; when its first row appears (round 1 ended),
+    keeps the CPU per role, the SuperLink's request counts and the time (:attr:`at`)."""
+
+    def __init__(self, results: Path, groups: RoleGroups, counts: Path) -> None:
+        super().__init__(daemon=True)
+        self.results, self.groups, self.counts = results, groups, counts
+        self.stop = threading.Event()
+        self.at: tuple[dict[str, float], dict[str, int], float] | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(self.results.read_text())["rounds"]:
+                    usage, now = self.groups.usage(), time.monotonic()
+                    self.at = (usage, read_counts(self.counts), now)
+                    return
 
 
 # ---------------------------------------------------------------------- summary
@@ -331,6 +380,25 @@ def per_node(row: dict[str, Any]) -> dict[str, Any]:
         "node-cpu-s-per-round": node_active / n / rounds,
         "requests-per-node-round": {k: v / n / rounds for k, v in row["active-requests"].items()},
         "idle-requests-per-node-s": {k: v / n / idle_s for k, v in row["idle-requests"].items()},
+        **steady_per_node(row),
+    }
+
+
+def steady_per_node(row: dict[str, Any]) -> dict[str, Any]:
+    """CPU s and requests per node-round after round 1 (start-up excluded)."""
+    steady = row.get("steady-cpu-s")
+    if not steady or row["rounds"] < 2:
+        return {}
+    node_rounds = row["nodes"] * (row["rounds"] - 1)
+    return {
+        "steady-server-cpu-s-per-node-round": (steady["superlink"] + steady["serverapp"])
+        / node_rounds,
+        "steady-superlink-cpu-s-per-node-round": steady["superlink"] / node_rounds,
+        "steady-node-cpu-s-per-node-round": (steady["supernode"] + steady["executor"])
+        / node_rounds,
+        "steady-task-cpu-s-per-node-round": steady["tasks"] / node_rounds,
+        "steady-requests-per-node-round": sum(row["steady-requests"].values()) / node_rounds,
+        "steady-requests-by-kind": {k: v / node_rounds for k, v in row["steady-requests"].items()},
     }
 
 
@@ -360,6 +428,28 @@ def table(rows: Iterable[dict[str, Any]]) -> str:
             f"| {row['carried'][0]:.0f} / {row['carried'][1]:.0f} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def steady_table(rows: Iterable[dict[str, Any]]) -> str:
+    """CPU and requests per node-round in the steady state (after round 1)."""
+    head = (
+        "| mode | nodes | SuperLink + ServerApp CPU s per node-round (SuperLink alone) "
+        "| SuperNode + executor CPU s per node-round | ClientApp tasks CPU s per node-round "
+        "| SuperLink requests per node-round |\n|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for row in rows:
+        s = row["per-node"]
+        if "steady-server-cpu-s-per-node-round" not in s:
+            continue
+        lines.append(
+            f"| {row['mode']} | {row['nodes']} | {s['steady-server-cpu-s-per-node-round']:.3f} "
+            f"({s['steady-superlink-cpu-s-per-node-round']:.3f}) "
+            f"| {s['steady-node-cpu-s-per-node-round']:.3f} "
+            f"| {s['steady-task-cpu-s-per-node-round']:.3f} "
+            f"| {s['steady-requests-per-node-round']:.1f} |"
+        )
+    return head + "\n".join(lines) + "\n" if lines else ""
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -458,8 +548,9 @@ def main() -> None:
                 row["carried"] = [carried(row["per-node"], s) for s in ROUND_LENGTHS_S]
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
+                print(steady_table([row]).splitlines()[-1:], flush=True)
                 save_rows(args.out, rows)
-    text = table(rows)
+    text = table(rows) + "\n" + steady_table(rows)
     print(text)
     if args.archive:
         plot(rows, archive_rows("server_cost", rows, text) / "server_cost.png")
