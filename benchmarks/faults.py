@@ -73,12 +73,16 @@ ROBUST: dict[str, dict[str, Any]] = {
     **{a: {"robust.min-cosine": 0.0} for a in ("fedavg", "lgfedavg", "fedara", "fedlora", "fml")},
     "fedkd": {"robust.aggregate": "median"},
     "fedproto": {"robust.aggregate": "median"},
+    **{a: {"robust.prototypes": "median"} for a in ("fedgh", "fedtgp")},
 }
 """The robust options of an algorithm's ``..., robust`` rows, on top of the default
 screening (``robust.max-norm-ratio``, which every row has): direction screening for
 the parameter updates it covers; the coordinate-wise median for fedkd's updates and
-fedproto's class prototypes (direction screening does not cover them). FedGH, FedRE
-and FedTGP average nothing and have no option beyond the screening: no robust rows.
+fedproto's class prototypes (direction screening does not cover them); per-class
+medians after the per-class screening (``robust.prototypes = "median"``) for the
+servers that train on prototypes (fedgh, fedtgp). FedRE's only option, the screening
+against the soft-label mix of class medians (a mixture has no class median to train
+on), is on by default: no robust rows.
 For fedavg a coordinate-wise median or trimmed mean was tried first: clean it cost 13
 and 3.5 points (non-IID updates are not symmetric around their mean) and against 20 %
 sign flips it did worse than the mean (docs/robustness.md)."""
@@ -92,19 +96,27 @@ Fault = Callable[..., Any]
 
 def _replace_arrays(make: Callable[[dict[str, np.ndarray]], dict]) -> Fault:
     def fault(reply: Any, request: Any) -> Any:
-        from flwr.app import Message, RecordDict
-
-        from common.records import to_numpy, to_record
+        from common.records import to_numpy
 
         if reply.has_error():
             return reply
         arrays = make(to_numpy(reply.content.array_records["arrays"]))
-        metrics = reply.content.metric_records["metrics"]
-        return Message(
-            RecordDict({"arrays": to_record(arrays), "metrics": metrics}), reply_to=request
-        )
+        return with_arrays(reply, request, arrays)
 
     return fault
+
+
+def with_arrays(reply: Any, request: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """A reply to ``request`` holding every record of ``reply`` but its ``arrays``,
+    which become ``arrays``: the metrics and, under ``eval-mode = with-train``, the
+    evaluation the training reply carries (``evaluate-metrics``) stay, so that an
+    attacked node is still evaluated like every other."""
+    from flwr.app import Message, RecordDict
+
+    from common.records import to_record
+
+    records = {name: record for name, record in reply.content.items() if name != "arrays"}
+    return Message(RecordDict({"arrays": to_record(arrays), **records}), reply_to=request)
 
 
 def _huge_count(reply: Any, request: Any) -> Any:
@@ -160,19 +172,14 @@ def _attack(make: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict]
     """A hostile reply built from the honest one and what the node was sent."""
 
     def fault(reply: Any, request: Any, updates: bool = False) -> Any:
-        from flwr.app import Message, RecordDict
-
-        from common.records import to_numpy, to_record
+        from common.records import to_numpy
 
         if reply.has_error():
             return reply
         up = to_numpy(reply.content.array_records["arrays"])
         served = {} if updates else _served(request)
         arrays = {k: v.astype(up[k].dtype) for k, v in make(up, served).items()}
-        metrics = reply.content.metric_records["metrics"]
-        return Message(
-            RecordDict({"arrays": to_record(arrays), "metrics": metrics}), reply_to=request
-        )
+        return with_arrays(reply, request, arrays)
 
     return fault
 
@@ -362,6 +369,7 @@ REASONS = (
     "error reply",
     "robust.max-norm-ratio",
     "update direction",
+    "class screening",
     "not a distribution",
 )
 
@@ -454,13 +462,25 @@ def main() -> None:
     write(args, table)
 
 
+def robust_defaults() -> dict[str, Any]:
+    """The ``robust.*`` defaults every row runs with (the ``robust`` rows add
+    :data:`ROBUST` on top)."""
+    from common.config import RunConfig
+
+    return {f"robust.{k.replace('_', '-')}": v for k, v in RunConfig().robust.model_dump().items()}
+
+
 def write(args: argparse.Namespace, table: list[dict[str, Any]]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"nodes": NODES, "rounds": ROUNDS, "fraction": args.fraction, "rows": table}, indent=1
-        )
-    )
+    doc = {
+        "nodes": NODES,
+        "rounds": ROUNDS,
+        "fraction": args.fraction,
+        "defaults": robust_defaults(),
+        "robust-options": ROBUST,
+        "rows": table,
+    }
+    args.out.write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

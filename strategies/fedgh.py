@@ -34,7 +34,7 @@ class FedGH(ClassScreened):
         server_lr: float = 0.01,
         server_epochs: int = 100,
         server_batch_size: int = 10,
-        prototypes: str = "none",
+        prototypes: str = "screen",
         prototype_min_cosine: float = 0.0,
         prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],

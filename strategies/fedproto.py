@@ -87,7 +87,7 @@ class ClassScreened(HeteroStrategy):
     def __init__(
         self,
         *,
-        prototypes: str = "none",
+        prototypes: str = "screen",
         prototype_min_cosine: float = 0.0,
         prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],

@@ -52,7 +52,7 @@ class FedRE(ClassScreened):
         server_batch_size: int = 32,
         server_loss: Literal["mean", "sum"] = "mean",
         reps_per_client: int = 1,
-        prototypes: str = "none",
+        prototypes: str = "screen",
         prototype_min_cosine: float = 0.0,
         prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],

@@ -47,7 +47,7 @@ class FedTGP(ClassScreened):
         server_batch_size: int = 10,
         margin_threshold: float = 100.0,
         hidden_dim: int = 0,
-        prototypes: str = "none",
+        prototypes: str = "screen",
         prototype_min_cosine: float = 0.0,
         prototype_max_norm_ratio: float = 10.0,
         **kwargs: Unpack[RunSettings],

@@ -239,23 +239,30 @@ def mixture_outliers(
     each a mixture ``Σ_c w_c p_c`` of class prototypes, with its soft label ``w`` in
     ``labels`` node -> [n, C].
 
-    Per class c the reference is the coordinate-wise median of every row weighted by
-    its ``w_c`` (the rows that hold class c, as much as they hold it); a row's expected
-    value is ``Σ_c w_c m_c`` over its classes. A node is an outlier when any of its rows
-    has a cosine below ``min_cosine`` with its expected value, or a norm above
-    ``max_ratio`` × the expected value's norm. A class needs rows of 3 nodes for a
-    median; a row with weight on a class without one is not judged. Node -> reason."""
+    Per class c the reference is the coordinate-wise median ``m_c`` of every row
+    weighted by its ``w_c`` (the rows that hold class c, as much as they hold it), and
+    the class's norm ``n_c`` is the median of those rows' norms, weighted the same way;
+    a row's expected value is ``Σ_c w_c m_c`` over its classes and its expected norm
+    ``Σ_c w_c n_c``. A node is an outlier when any of its rows has a cosine below
+    ``min_cosine`` with its expected value, or a norm above ``max_ratio`` × its
+    expected norm. (The norm of a coordinate-wise median is no reference for a norm:
+    of sparse ReLU features it is far shorter than any of the rows it is taken of.) A
+    class needs rows of 3 nodes for a median; a row with weight on a class without one
+    is not judged. Node -> reason."""
     if len(reps) < 3:
         return {}
     nodes = sorted(reps)
     x = np.concatenate([reps[n].astype(np.float64).reshape(len(reps[n]), -1) for n in nodes])
     w = np.concatenate([labels[n].astype(np.float64) for n in nodes])
     owner = np.concatenate([[n] * len(reps[n]) for n in nodes])
+    lengths = np.linalg.norm(x, axis=1)
     medians: dict[int, np.ndarray] = {}
+    norms: dict[int, float] = {}
     for c in range(w.shape[1]):
         holds = w[:, c] > 0
         if len(set(owner[holds].tolist())) >= 3:
             medians[c] = weighted_median(x[holds], w[holds, c].tolist())
+            norms[c] = float(weighted_median(lengths[holds], w[holds, c].tolist()))
     out: dict[int, str] = {}
     for i, row in enumerate(x):
         classes = np.flatnonzero(w[i] > 0)
@@ -266,9 +273,9 @@ def mixture_outliers(
         cos = cosine(row, expected)
         if cos < min_cosine:
             why.append(f"cosine {cos:.2f} with its soft label's mix of class medians")
-        ref = float(np.linalg.norm(expected))
-        if max_ratio > 0 and ref > 0 and float(np.linalg.norm(row)) > max_ratio * ref:
-            why.append(f"norm {float(np.linalg.norm(row)) / ref:.1f}× that mix's")
+        ref = sum(float(w[i, c]) * norms[int(c)] for c in classes)
+        if max_ratio > 0 and ref > 0 and lengths[i] > max_ratio * ref:
+            why.append(f"norm {lengths[i] / ref:.1f}× its soft label's mix of class median norms")
         if why and int(owner[i]) not in out:
             out[int(owner[i])] = (
                 f"class screening: row {i - int(np.flatnonzero(owner == owner[i])[0])}: "

@@ -176,13 +176,21 @@ def test_mixture_outliers_against_the_soft_label_weighted_medians() -> None:
     assert mixture_outliers(rows, labels, 0.0, 10.0) == {}
     flipped = {**rows, 2: -rows[2]}
     out = mixture_outliers(flipped, labels, 0.0, 10.0)
-    assert set(out) == {2} and "cosine" in out[2] and "that mix's" not in out[2]
-    # class 0's weighted median over nodes 1, 2, 3 (weight 1) and 7 (weight 1/2), per
-    # coordinate: the value at half the weight, a itself (class 1's: b)
+    assert set(out) == {2} and "cosine" in out[2] and "median norms" not in out[2]
+    # class 0's median norm over nodes 1, 2, 3 (weight 1; norms 0.9, 1, 1.1 |a|) and 7
+    # (weight 1/2; 30 |(a + b) / 2|): the value at half the weight, |a| (class 1's:
+    # |b| = |a|); node 7's expected norm 0.5 |a| + 0.5 |b|
     pushed = {**rows, 7: 30 * rows[7]}
     out = mixture_outliers(pushed, labels, 0.0, 10.0)
-    want = 30 * np.linalg.norm(reps[7]) / np.linalg.norm((a + b) / 2)
-    assert set(out) == {7} and f"norm {want:.1f}×" in out[7]
+    want = 30 * np.linalg.norm((a + b) / 2) / np.linalg.norm(a)
+    assert set(out) == {7} and f"norm {want:.1f}× its" in out[7] and "class medians" not in out[7]
+    assert mixture_outliers(pushed, labels, 0.0, want + 0.1) == {}
+    # sparse rows, each mostly on a coordinate of its own: their coordinate-wise median
+    # is 0.1 everywhere, about a sixth of any row's length, while every row is as long
+    # as the others: nobody is too long
+    sparse = {n: (np.eye(3)[n - 1] + 0.1)[None] for n in (1, 2, 3)}
+    one = {n: np.array([[1.0, 0.0]]) for n in (1, 2, 3)}
+    assert mixture_outliers(sparse, one, -1.0, 1.5) == {}
     assert mixture_outliers({1: rows[1], 2: rows[2]}, labels, 0.0, 10.0) == {}
 
 
@@ -215,7 +223,7 @@ def test_the_option_is_checked() -> None:
     with pytest.raises(ValueError, match="robust.prototypes"):
         FedGH(prototypes="trimmed")
     cfg = parse_run_config({})
-    assert cfg.robust.prototypes == "none"
+    assert cfg.robust.prototypes == "screen"
 
 
 def test_fedara_screens_a_flip_on_the_tensors_every_tier_sends_whole() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.records import weighted_mean
+from common.records import to_record, weighted_mean
 from strategies.fedgh import FedGH
 from strategies.fedkd import FedKD
 from strategies.fedproto import FedProto, class_mean
@@ -219,3 +219,34 @@ def test_a_sign_flipped_update_is_screened_by_direction() -> None:
     off = strategy(LGFedAvg, nodes)
     off.global_arrays = off.init_global()
     assert off.min_cosine == -1.0  # off by default
+
+
+def test_the_fault_benchmarks_crafted_replies_keep_the_evaluation_they_carry() -> None:
+    """benchmarks/faults.py changes only a reply's arrays: the evaluation a training
+    reply carries (eval-mode with-train) stays, so an attacked node is evaluated."""
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+    from benchmarks.faults import ATTACKS, FAULTS
+    from common.messages import EVAL_METRICS, PROTO
+
+    served = {"w": np.ones((3, 2), np.float32)}
+    for name, fault in {**FAULTS, **ATTACKS}.items():
+        if name == "error":
+            continue
+        sent = Message(
+            RecordDict({"config": ConfigRecord(), "arrays": to_record(served)}),
+            dst_node_id=7,
+            message_type="train.x",
+        )
+        honest = {"w": np.full((3, 2), 2.0, np.float32), f"{PROTO}0": np.ones(4, np.float32)}
+        evaluation = MetricRecord({"num-examples": 5, "correct": 3})
+        content = RecordDict(
+            {
+                "arrays": to_record(honest),
+                "metrics": MetricRecord({"num-examples": 10}),
+                EVAL_METRICS: evaluation,
+            }
+        )
+        crafted = fault(Message(content, reply_to=sent), sent)
+        assert dict(crafted.content.metric_records[EVAL_METRICS]) == dict(evaluation), name
+        assert crafted.content.metric_records["metrics"]["num-examples"] in (10, 1e12), name
