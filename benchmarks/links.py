@@ -57,13 +57,16 @@ BEFORE = {
     "FEDHET_OBJECT_CONCURRENCY": "flower",
     "FEDHET_EARLY_TASK": "0",
     "FEDHET_CONFIRM_ALONG": "0",
+    "FEDHET_WARM_CONNECTIONS": "0",
 }
 VARIANTS: dict[str, dict[str, str]] = {
     # fedhet before the cuts: Flower's object transfers (2 at once, at most the cores),
-    # the confirmation before the task, the task once the objects are in
+    # the confirmation before the task, the task once the objects are in, connections
+    # opened by the requests that need them
     "before": BEFORE,
     "objects": {**BEFORE, "FEDHET_OBJECT_CONCURRENCY": ""},
     "confirm": {**BEFORE, "FEDHET_OBJECT_CONCURRENCY": "", "FEDHET_CONFIRM_ALONG": ""},
+    "early": {"FEDHET_WARM_CONNECTIONS": "0"},
     "fedhet": {},
 }
 """Environment of each variant's processes (an empty value: the default)."""
@@ -317,8 +320,9 @@ def describe(rows: Sequence[Mapping[str, Any]]) -> str:
         + ", ".join(f"`{v}`" for v in variants)
         + " (`before`: Flower's object transfers, 2 at once, and the task after its "
         "message's confirmation; `objects`: 16 objects at once; `confirm`: and the "
-        "confirmation sent along with the task; `fedhet`: and the task started as soon "
-        "as its message is stored, the defaults)."
+        "confirmation sent along with the task; `early`: and the task started as soon "
+        "as its message is stored; `fedhet`: and the connections opened ahead, the "
+        "defaults)."
     )
 
 

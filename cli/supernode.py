@@ -8,6 +8,10 @@
   for a task while there is none gets its answer when a message arrives, or after
   :data:`TASK_HOLD_S` without one, instead of polling (Flower's SuperExec, the warm
   executor or any other: the answer is Flower's own).
+* Its connections to the SuperLink are opened before a wave of requests needs them
+  (:class:`WarmConnections`): the SuperLink closes a connection 5 s after its last
+  answer, so in longer rounds every wave of object transfers paid a TCP and a TLS
+  handshake first.
 * ``flwr stop``: Flower's SuperNode waits for its task's reply for ever and pulls
   nothing meanwhile, so a stopped run's task trained on and held the next run back.
   Here the SuperNode asks the SuperLink every :data:`STOP_CHECK_S` seconds while it
@@ -34,6 +38,7 @@ from typing import Any
 
 from cli.pacing import (
     FAST_GROWTH,
+    LEAD,
     Gaps,
     fast_polls,
     idle_interval,
@@ -65,6 +70,204 @@ STOP_CHECK_S = 2.0
 """While its task runs, a SuperNode asks the SuperLink this often whether the task's
 run still runs (one small Fleet request per node; Flower's own node heartbeat is
 every 30 s). A stopped run's task ends on the node within this time."""
+WARM_MARGIN_S = 0.5
+""":class:`WarmConnections`: a node reuses a connection until this (plus a round
+trip) before the SuperLink closes it, and opens the connections its next message
+needs this long (plus three round trips) before the message is due."""
+KEEPALIVE_S = 5.0
+"""How long the SuperLink keeps an idle connection after its last answer: uvicorn's
+``timeout_keep_alive`` default (Flower's SuperLink sets none), which is also the
+keep-alive expiry of the node's HTTP client (httpx's default)."""
+FRESH_MAX_S = 60.0
+"""A connection opened ahead and unused this long is closed, not counted (an idle
+TCP connection may have been dropped by a middlebox without a word)."""
+HTTPCORE_INTERNALS = (
+    ("httpcore._sync.connection_pool", "ConnectionPool", "create_connection"),
+    ("httpcore._sync.connection", "HTTPConnection", "_connect"),
+    ("httpcore._sync.http11", "HTTP11Connection", "is_available"),
+    ("httpcore._models", "Request", "__init__"),
+)
+"""What :class:`WarmConnections` relies on in httpcore 1.0 (Flower's HTTP client is
+httpx over httpcore): a pool's ``_connections``, ``_optional_thread_lock`` and
+``_keepalive_expiry``, a connection's ``_connection`` and ``_connect``, an HTTP/1.1
+connection's ``_state`` and ``_expire_at``; a test checks them."""
+
+
+class WarmConnections:
+    """The node's connections to the SuperLink, opened before a wave of requests
+    needs them.
+
+    A message's objects, and its reply's, move :data:`OBJECT_CONCURRENCY
+    <common.flower_runtime.OBJECT_CONCURRENCY>` at once, each on an HTTP/1.1
+    connection of its own. The SuperLink closes a connection :data:`KEEPALIVE_S`
+    after its last answer, so in a round longer than that every wave opened its
+    connections anew: a TCP and a TLS handshake, two round trips, before its first
+    request (and a request sent just as the SuperLink closed its connection failed
+    and went again after a backoff). Here the node reuses a connection only while a
+    request on it reaches the SuperLink in time (:meth:`expiry`), and keeps
+    connections opened ahead and not used yet, as many as its last message had
+    objects to pull (:attr:`pull_count`) or its last reply to push
+    (:attr:`push_count`) plus one: :meth:`ensure` opens the missing ones, in threads,
+    while the node waits anyway, before its next message is due (:class:`PacedSleep`
+    calls it before an idle wait) and while its task runs (:class:`RunWatch`). A
+    connection opened and not yet used stays open on both sides until it is used
+    (the SuperLink's keep-alive timer starts with an answer), and the pool takes the
+    older connections first, so the fresh ones serve a wave only when the others are
+    gone. A connection that cannot be opened is left to the
+    request that needs it, as before.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        """At most this many at once (the object concurrency)."""
+        self.client: Any = None
+        """The node's ``httpx.Client`` (:meth:`attach`)."""
+        self.url = ""
+        self.pull_count = 0
+        """Objects the node's last message had to pull (at most :attr:`limit`)."""
+        self.push_count = 0
+        """Objects the node's last reply pushed (at most :attr:`limit`)."""
+        self.opened = 0
+        """Connections opened ahead so far."""
+        self._opening = 0
+        self._rtts: list[float] = []
+        self._lock = threading.Lock()
+
+    def attach(self, client: Any, base_url: str) -> None:
+        """The node's HTTP client (Flower's ``ProtobufClient._client``) and URL."""
+        self.client, self.url = client, base_url
+        self._set_expiry()
+
+    def note_rtt(self, seconds: float) -> None:
+        """A request's time (its round trip and the SuperLink's answer)."""
+        before = self.rtt()
+        self._rtts = [*self._rtts[-7:], seconds]
+        if abs(self.rtt() - before) > 0.05:
+            self._set_expiry()
+
+    def lead(self) -> float:
+        """How long before its next message is due a node opens the connections the
+        message's objects need: :data:`WARM_MARGIN_S` and three round trips (TCP,
+        TLS, and the session tickets that follow)."""
+        return WARM_MARGIN_S + 3 * self.rtt()
+
+    def _pool(self) -> Any:
+        transport = getattr(self.client, "_transport", None)
+        return getattr(transport, "_pool", None)
+
+    def fresh(self) -> int:
+        """Connections to the SuperLink opened ahead and not used yet (a used one is
+        the pool's to reuse while it lives, :meth:`expiry`); one opened ahead more
+        than :data:`FRESH_MAX_S` ago is closed (a middlebox may have dropped it)."""
+        pool = self._pool()
+        if pool is None:
+            return 0
+        now = time.monotonic()
+        count = 0
+        with pool._optional_thread_lock:
+            for conn in list(pool._connections):
+                opened = getattr(conn, "_fedhet_opened", None)
+                inner = getattr(conn, "_connection", None)
+                if opened is None or inner is None or inner.is_closed():
+                    continue
+                if getattr(inner, "_request_count", 1) or not inner.is_idle():
+                    continue
+                if now - opened > FRESH_MAX_S:
+                    pool._connections.remove(conn)
+                    conn.close()
+                    continue
+                count += 1
+        return count
+
+    def ensure(self, count: int) -> int:
+        """Open (in threads) as many connections as the :meth:`fresh` ones (and
+        those being opened) lack of ``count``; how many it started to open."""
+        if self.client is None or count <= 0:
+            return 0
+        count = min(count, self.limit + 1)
+        with self._lock:
+            missing = count - self.fresh() - self._opening
+            if missing <= 0:
+                return 0
+            self._opening += missing
+        for _ in range(missing):
+            threading.Thread(target=self._open_one, daemon=True, name="fedhet-warm").start()
+        return missing
+
+    def _open_one(self) -> None:
+        try:
+            from httpcore import Request
+            from httpcore._sync.http11 import HTTP11Connection, HTTPConnectionState
+
+            pool = self._pool()
+            request = Request(b"POST", self.url, extensions={"timeout": {"connect": 30.0}})
+            origin = request.url.origin
+            conn = pool.create_connection(origin)
+            stream = conn._connect(request)
+            if not settled(stream.get_extra_info("socket"), self.lead()):
+                stream.close()
+                return
+            inner = HTTP11Connection(
+                origin=origin, stream=stream, keepalive_expiry=pool._keepalive_expiry
+            )
+            inner._state = HTTPConnectionState.IDLE  # available to the pool's next request
+            conn._connection = inner
+            conn._fedhet_opened = time.monotonic()
+            with pool._optional_thread_lock:
+                pool._connections.append(conn)
+            self.opened += 1
+        except Exception as exc:  # noqa: BLE001 - the request that needs it opens its own
+            log(DEBUG, "fedhet: could not open a connection ahead: %s", exc)
+        finally:
+            with self._lock:
+                self._opening -= 1
+
+    def expiry(self) -> float:
+        """How long the node reuses an idle connection: :data:`KEEPALIVE_S` less a
+        round trip and :data:`WARM_MARGIN_S`, so that a request on it reaches the
+        SuperLink before the SuperLink closes it (on a connection the SuperLink had
+        closed meanwhile a request fails, and Flower sends it again after a backoff)."""
+        return max(WARM_MARGIN_S, KEEPALIVE_S - WARM_MARGIN_S - self.rtt())
+
+    def rtt(self) -> float:
+        """The shortest request seen (its round trip and the SuperLink's answer)."""
+        return min(self._rtts) if self._rtts else 0.0
+
+    def _set_expiry(self) -> None:
+        pool = self._pool()
+        if pool is None:
+            return
+        expiry = self.expiry()
+        pool._keepalive_expiry = expiry  # connections made from now on
+        with pool._optional_thread_lock:
+            for conn in pool._connections:
+                inner = getattr(conn, "_connection", None)
+                if inner is not None and hasattr(inner, "_keepalive_expiry"):
+                    inner._keepalive_expiry = expiry
+
+    def counting(self, pull: Callable[..., Any], push: Callable[..., Any]) -> tuple[Any, Any]:
+        """Flower's ``pull_objects`` and ``push_object_contents_from_iterable`` that
+        note how many objects each moved (:attr:`pull_count`, :attr:`push_count`)."""
+
+        def pull_counted(object_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            self.pull_count = min(len(object_ids), self.limit)
+            return pull(object_ids, *args, **kwargs)
+
+        def push_counted(contents: Any, *args: Any, **kwargs: Any) -> Any:
+            moved = 0
+
+            def each() -> Any:
+                nonlocal moved
+                for item in contents:
+                    moved += 1
+                    yield item
+
+            try:
+                return push(each(), *args, **kwargs)
+            finally:
+                self.push_count = min(moved, self.limit)
+
+        return pull_counted, push_counted
 
 
 class PacedSleep(types.ModuleType):
@@ -85,6 +288,9 @@ class PacedSleep(types.ModuleType):
         self.gaps = Gaps()
         self.replied: str | None = None
         """Kind of the message the node last worked on (None: none yet)."""
+        self.before_idle: Callable[[float, float | None], None] | None = None
+        """Called before each idle wait (not ``fast``) with the wait and the seconds
+        until the next message is due (None: no history yet)."""
         self.sleep = self._sleep  # type: ignore[method-assign] # not the copied time.sleep
 
     def arrived(self, kind: str) -> None:
@@ -103,7 +309,11 @@ class PacedSleep(types.ModuleType):
         since = now - self.last_active
         if self._fast:
             return min(seconds, idle_interval(self._poll, since, self._cap, FAST_GROWTH))
-        return informed_interval(self._poll, since, self.gaps.expected(self.replied), self._cap)
+        expected = self.gaps.expected(self.replied)
+        wait = informed_interval(self._poll, since, expected, self._cap)
+        if self.before_idle is not None:
+            self.before_idle(wait, None if expected is None else LEAD * expected - since)
+        return wait
 
     def _sleep(self, seconds: float) -> None:
         self._real.sleep(self.wait_for(seconds))
@@ -272,8 +482,11 @@ class RunWatch:
         on_stop: Callable[[], None] | None = None,
         on_stored: Callable[[], None] | None = None,
         confirm_along: bool = False,
+        on_receive_s: Callable[[float], None] | None = None,
+        on_waiting: Callable[[], None] | None = None,
     ) -> None:
         self._pull, self._push = pull, push
+        self._on_receive_s, self._on_waiting = on_receive_s, on_waiting
         self._on_message, self._on_stop = on_message, on_stop
         self._on_stored, self._confirm_along = on_stored, confirm_along
         self._confirming: threading.Thread | None = None
@@ -302,7 +515,10 @@ class RunWatch:
         kinds: list[str] = []
 
         def receive_and_note() -> Any:
+            start = time.monotonic()
             got = receive()
+            if self._on_receive_s is not None:
+                self._on_receive_s(time.monotonic() - start)
             if got is not None:
                 received.append(got[0].metadata.message_id)
                 kinds.append(str(got[0].metadata.message_type).split(".")[0])
@@ -397,6 +613,8 @@ class RunWatch:
         state, store = bound.arguments["state"], bound.arguments["object_store"]
         next_check = self._clock() + self.interval
         while not (replies := self._fresh(state, store)):
+            if self._on_waiting is not None:
+                self._on_waiting()
             if self._clock() >= next_check:
                 if not self.running():
                     self._stop(state, store)
@@ -478,10 +696,21 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
     setattr(module, "time", paced)  # noqa: B010
     count = object_concurrency()
+    warm: WarmConnections | None = None
     if count is None:
         fast_object_pulls(name, "pull_objects")
     else:
         concurrent_objects(name, "pull_objects", "push_object_contents_from_iterable", count=count)
+        if not fast and switch("FEDHET_WARM_CONNECTIONS"):
+            warm = WarmConnections(count)
+            attach_client(warm)
+            pull, push = warm.counting(
+                flower_internal(name, "pull_objects"),
+                flower_internal(name, "push_object_contents_from_iterable"),
+            )
+            setattr(module, "pull_objects", pull)  # noqa: B010
+            setattr(module, "push_object_contents_from_iterable", push)  # noqa: B010
+            paced.before_idle = warm_before_idle(warm)
     held: HeldTasks | None = None
     handlers = importlib.import_module(RUNTIME_HANDLERS)
     if not fast:
@@ -506,11 +735,76 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
         on_stop=held.ring if held is not None else None,
         on_stored=held.ring if held is not None and early else None,
         confirm_along=along,
+        on_receive_s=warm.note_rtt if warm is not None else None,
+        on_waiting=warm_while_working(warm) if warm is not None else None,
     )
     setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
     setattr(module, "_push_messages", watch.push)  # noqa: B010
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+def settled(sock: Any, wait_s: float) -> bool:
+    """Whether a connection just opened is ready for the pool: with TLS 1.3 the
+    server sends its session tickets after the handshake, and an idle connection
+    with bytes to read looks closed to the pool (httpcore's ``has_expired``), which
+    would drop it; read them (up to ``wait_s`` for the first). False: the server
+    closed it, or sent what no request asked for."""
+    import select
+    import ssl
+
+    if not isinstance(sock, ssl.SSLSocket):
+        return True
+    wait = wait_s
+    try:
+        while select.select([sock], [], [], wait)[0]:
+            sock.setblocking(False)
+            try:
+                sock.recv(4096)
+                return False  # data no request asked for, or b"": closed
+            except ssl.SSLWantReadError:  # only TLS records (tickets): consumed
+                pass
+            finally:
+                sock.setblocking(True)
+            wait = 0.05
+    except OSError:
+        return False
+    return True
+
+
+def warm_before_idle(warm: WarmConnections) -> Callable[[float, float | None], None]:
+    """Before an idle wait: the connections the next message's objects need, once it
+    is due within the wait and :meth:`WarmConnections.lead` (at once when the node
+    has no history)."""
+
+    def before(wait: float, due_in: float | None) -> None:
+        if due_in is None or due_in <= wait + warm.lead():
+            warm.ensure(warm.pull_count + 1)
+
+    return before
+
+
+def warm_while_working(warm: WarmConnections) -> Callable[[], None]:
+    """While the node waits for its task's reply: the connections the reply's
+    objects need."""
+
+    def waiting() -> None:
+        warm.ensure(warm.push_count + 1)
+
+    return waiting
+
+
+def attach_client(warm: WarmConnections) -> None:
+    """Give ``warm`` the node's Fleet API client when Flower makes it."""
+    module = importlib.import_module(FLEET_CONNECTION)
+    base = flower_internal(FLEET_CONNECTION, "FleetHttpClient")
+
+    class Noted(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            warm.attach(self._client, self._base_url)
+
+    setattr(module, "FleetHttpClient", Noted)  # noqa: B010
 
 
 def switch(name: str, default: bool = True) -> bool:
@@ -525,6 +819,8 @@ def switch(name: str, default: bool = True) -> bool:
     raise SystemExit(f"{name}={text!r}: choose 1 (on) or 0 (off)")
 
 
+FLEET_CONNECTION = "flwr.supernode.fleet_http_connection"
+"""Where the SuperNode makes its Fleet API client (``FleetHttpClient``)."""
 NODE_STATE = "flwr.supernode.nodestate.in_memory_nodestate"
 """The SuperNode's state (in memory in flwr 1.42.0): its error replies."""
 RUNTIME_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"

@@ -52,6 +52,7 @@ FLOWER_INTERNALS = (
     ("flwr.supercore.inflatable.inflatable_utils", "get_num_workers"),
     ("flwr.supernode.start_client_internal", "push_object_contents_from_iterable"),
     ("flwr.superlink.grid.http_grid", "push_objects"),
+    ("flwr.supernode.fleet_http_connection", "FleetHttpClient"),
 )
 """``(module, attribute)`` pairs of Flower 1.42.0 that fedhet uses or replaces."""
 

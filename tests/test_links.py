@@ -8,6 +8,7 @@ before its time is a bug that load cannot cause).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import pytest
 
 from cli.launch import free_port
 from cli.linkproxy import Link, LinkProxy, node_links, wait_listening
+from cli.supernode import HTTPCORE_INTERNALS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -373,3 +375,213 @@ def test_a_stored_instruction_rings_for_its_task_a_reply_does_not() -> None:
     state.store_message(reply)
     assert rings == [1] and stored == [instruction, reply]
     assert state.get_node_id() == 7  # everything else is the state's
+
+
+# ------------------------------------------------------------------ connections opened ahead
+class _CountingHttp:
+    """A local HTTP/1.1 server (keep-alive) counting the connections it accepted and
+    the requests it answered; a POST waits at ``barrier`` (when set) before it
+    answers, so that requests are in flight together."""
+
+    def __init__(self, certs: dict[str, Path] | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.connections = 0
+        self.requests = 0
+        self.barrier: threading.Barrier | None = None
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                server.connections += 1
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                server.requests += 1
+                if server.barrier is not None:
+                    server.barrier.wait()
+                self.send_response(200)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        scheme = "http"
+        if certs is not None:  # TLS 1.3: session tickets follow the handshake
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certs["server.pem"], certs["server.key"])
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def counting_http() -> Iterator[_CountingHttp]:
+    server = _CountingHttp()
+    yield server
+    server.close()
+
+
+def _wait_opened(warm: object, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while warm.opened < count and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+
+
+def test_connections_are_opened_before_the_requests_that_need_them(
+    counting_http: _CountingHttp,
+) -> None:
+    """:class:`WarmConnections` opens the connections of a wave ahead (no request on
+    them); four requests in flight together then use those four and open none."""
+    import httpx
+
+    from cli.supernode import WarmConnections
+
+    warm = WarmConnections(limit=16)
+    with httpx.Client() as client:
+        warm.attach(client, counting_http.url)
+        assert warm.ensure(4) == 4
+        _wait_opened(warm, 4)
+        assert counting_http.connections == 4 and counting_http.requests == 0
+        assert warm.ensure(4) == 0  # all there: nothing opened twice
+        counting_http.barrier = threading.Barrier(4, timeout=5)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: client.post(f"{counting_http.url}/{i}"), range(4)))
+        assert [a.status_code for a in answers] == [200] * 4
+        assert counting_http.connections == 4  # the wave opened none of its own
+        assert counting_http.requests == 4
+
+
+def test_a_tls_connection_opened_ahead_is_kept_by_the_pool(tmp_path: Path) -> None:
+    """With TLS 1.3 the server's session tickets arrive after the handshake; unread,
+    they make an idle connection look closed to the pool, which would drop it and
+    open another for the request. Opened ahead, the connection is used."""
+    import ssl
+
+    import httpx
+
+    from cli.security import make_certificates
+    from cli.supernode import WarmConnections
+
+    certs = make_certificates(tmp_path / "certs", ["127.0.0.1"])
+    server = _CountingHttp(certs)
+    try:
+        warm = WarmConnections(limit=16)
+        verify = ssl.create_default_context(cafile=str(certs["ca.crt"]))
+        with httpx.Client(verify=verify) as client:
+            warm.attach(client, server.url)
+            warm.ensure(2)
+            _wait_opened(warm, 2)
+            time.sleep(0.2)
+            assert server.connections == 2
+            for _ in range(2):
+                assert client.post(server.url).status_code == 200
+            assert server.connections == 2  # the requests took the connections opened ahead
+    finally:
+        server.close()
+
+
+def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(
+    counting_http: _CountingHttp,
+) -> None:
+    """The SuperLink closes a connection KEEPALIVE_S after its last answer; the node
+    reuses one for a round trip and a margin less (:meth:`WarmConnections.expiry`),
+    so that no request goes out on a connection the SuperLink is closing. A used
+    connection is not one of the fresh ones: a wave after it expired gets fresh ones."""
+    import httpx
+
+    from cli.supernode import KEEPALIVE_S, WARM_MARGIN_S, WarmConnections
+
+    warm = WarmConnections(limit=16)
+    with httpx.Client() as client:
+        warm.attach(client, counting_http.url)
+        assert warm.expiry() == KEEPALIVE_S - WARM_MARGIN_S
+        warm.note_rtt(1.0)  # a one-second round trip: a second less
+        assert warm.expiry() == pytest.approx(KEEPALIVE_S - WARM_MARGIN_S - 1.0)
+        client.post(counting_http.url)
+        (conn,) = client._transport._pool._connections
+        assert conn._connection._expire_at - time.monotonic() == pytest.approx(
+            warm.expiry(), abs=0.2
+        )
+        assert warm.fresh() == 0
+        assert warm.ensure(1) == 1
+        _wait_opened(warm, 1)
+        assert warm.fresh() == 1 and warm.ensure(1) == 0
+        assert counting_http.connections == 2
+        client.post(counting_http.url)  # the pool takes the older connection first
+        assert warm.fresh() == 1 and counting_http.connections == 2
+
+
+def test_the_node_counts_what_its_waves_moved() -> None:
+    from cli.supernode import WarmConnections
+
+    warm = WarmConnections(limit=16)
+    moved: list[object] = []
+    pull, push = warm.counting(
+        lambda ids, **kw: dict.fromkeys(ids), lambda it, **kw: moved.extend(it)
+    )
+    pull([f"{i}" for i in range(8)], pull_object_fn=None)
+    push(((f"{i}", b"x") for i in range(5)), push_object_fn=None)
+    assert (warm.pull_count, warm.push_count, len(moved)) == (8, 5, 5)
+    pull([f"{i}" for i in range(24)], pull_object_fn=None)
+    assert warm.pull_count == 16  # never more than move at once
+
+
+def test_connections_for_the_next_message_are_opened_once_it_is_due() -> None:
+    """Before an idle wait the node opens its next message's connections only when
+    the message is due within the wait and the margin (or it has no history)."""
+    from types import SimpleNamespace
+
+    from cli.supernode import warm_before_idle
+
+    calls: list[int] = []
+    warm = SimpleNamespace(pull_count=8, lead=lambda: 1.0, ensure=calls.append)
+    before = warm_before_idle(warm)  # type: ignore[arg-type]
+    before(2.0, 10.0)  # due in 10 s, next look in 2 s: not yet
+    assert calls == []
+    before(2.0, 2.5)
+    before(0.05, -1.0)  # past due
+    before(3.0, None)  # no history
+    assert calls == [9, 9, 9]
+
+
+def test_paced_sleep_tells_when_the_next_message_is_due() -> None:
+    import time as real_time
+
+    from cli.pacing import LEAD
+    from cli.supernode import FLOWER_IDLE_PULL_S, PacedSleep
+
+    paced = PacedSleep(real_time, poll=0.05)  # type: ignore[arg-type]
+    seen: list[tuple[float, float | None]] = []
+    paced.before_idle = lambda wait, due_in: seen.append((wait, due_in))
+    paced.wait_for(FLOWER_IDLE_PULL_S)
+    assert seen[-1][1] is None  # no history
+    paced.replied = "train"
+    paced.gaps.add("train", 10.0)
+    paced.last_active = real_time.monotonic()
+    wait = paced.wait_for(FLOWER_IDLE_PULL_S)
+    assert seen[-1][0] == wait
+    assert seen[-1][1] == pytest.approx(LEAD * 10.0, abs=0.05)
+    paced.wait_for(0.5)  # a wait inside a task: no call
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize(("module", "cls", "attr"), HTTPCORE_INTERNALS)
+def test_httpcore_has_what_warm_connections_use(module: str, cls: str, attr: str) -> None:
+    import importlib
+
+    assert hasattr(getattr(importlib.import_module(module), cls), attr)
