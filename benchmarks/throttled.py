@@ -7,9 +7,11 @@ group limited to ``q`` of one core (``cpu.cfs_quota_us = q × cpu.cfs_period_us`
 ``cpu.shares`` raised so that other work on the machine does not push it below q).
 Both nodes get a device through node-config: node 0 ``speed = host speed``, node 1
 ``speed = host speed × q``, 1000 Mbit/s links, no latency, so compute dominates. The
-host speed is :func:`models.workload.measure_speed` with one thread, measured here
-before the federations start and given to all their processes
-(``FEDHET_HOST_SPEED``).
+host speed is :data:`REFERENCE_HOST_SPEED` (``--host-speed``; 0: measured here with
+:func:`models.workload.measure_speed`, one thread), given to all the federations'
+processes (``FEDHET_HOST_SPEED``): the training's prediction does not depend on it
+(``train-cpu-s × host / (host × q)``), the task's cost does (its GFLOP in
+``common/devices.py`` are CPU seconds × this speed).
 
 Predicted: node 1's ``client-virtual-time-s`` (its ``virtual-compute-s`` =
 ``train-cpu-s × host speed / (host speed × q)`` plus the transfers); a quota does not
@@ -50,6 +52,11 @@ SHARES: int | None = 8192
 """``cpu.shares`` of node 1's group (the kernel's default is 1024): the quota is the
 node's ceiling, these shares make it its floor too when other work shares the
 machine's cores (a real slow device does not compete with them). None: 1024."""
+REFERENCE_HOST_SPEED = 18.5309
+"""This machine's speed on the reference workload (GFLOP/s, one thread) as the fleet
+runs use it (docs/results/fleet.json): measured with nothing else running, where a
+measurement on a busy machine reads 15 to 23. The task costs of ``common/devices.py``
+are CPU seconds measured here × this speed."""
 HOST_SPEED_ENV = "FEDHET_HOST_SPEED"
 """The federation's processes take the host speed from it (``models.workload.host_speed``)."""
 
@@ -355,9 +362,10 @@ def measure(
     period_us: int = PERIOD_US,
     shares: int | None = SHARES,
     echo: bool = False,
+    host_speed: float | None = REFERENCE_HOST_SPEED,
 ) -> dict[str, Any]:
     """Every row (a quota, or a :class:`Row`) in its own federation; the host speed
-    measured once, here, and given to every process of the federations
+    (None: measured once, here) given to every process of the federations
     (``FEDHET_HOST_SPEED``)."""
     reason = cgroup_unavailable()
     if reason is not None:
@@ -368,7 +376,7 @@ def measure(
     from models.workload import measure_speed
 
     rows = [q if isinstance(q, Row) else Row(float(q)) for q in quotas]
-    host = measure_speed(threads=1)
+    host = host_speed or measure_speed(threads=1)
     results = []
     before = os.environ.get(HOST_SPEED_ENV)
     os.environ[HOST_SPEED_ENV] = repr(host)  # the Federation's processes inherit it
@@ -495,6 +503,12 @@ def main() -> None:
     ap.add_argument(
         "--shares", type=int, default=SHARES, help="cpu.shares of the node's group (1024: default)"
     )
+    ap.add_argument(
+        "--host-speed",
+        type=float,
+        default=REFERENCE_HOST_SPEED,
+        help="GFLOP/s given to the federations' processes (0: measure it here)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="default benchmarks/out/<mode>.json")
     ap.add_argument(
         "--archive", action="store_true", help="also copy the JSON to docs/results/<mode>.json"
@@ -529,7 +543,13 @@ def main() -> None:
             raise SystemExit("--quotas: each a share of one core in (0, 1]")
     try:
         result = measure(
-            rows, args.rounds, args.fraction, args.period_us, args.shares, args.verbose
+            rows,
+            args.rounds,
+            args.fraction,
+            args.period_us,
+            args.shares,
+            args.verbose,
+            host_speed=args.host_speed or None,
         )
     except RuntimeError as exc:
         raise SystemExit(str(exc)) from None

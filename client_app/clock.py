@@ -5,8 +5,10 @@ A node with a device class (:class:`common.devices.Device`) reports, with every
 training reply, the CPU seconds its training took in this process
 (``train-cpu-s``), this process's speed on the reference workload
 (``host-speed``) and their product on its device (``virtual-compute-s`` =
-``train-cpu-s · host-speed / device speed``). The server adds the transfers
-(:mod:`strategies.clock`).
+``train-cpu-s · host-speed / device speed``). A training message that carries an
+evaluation also reports that evaluation's CPU seconds (``eval-cpu-s``). The server
+adds what the message cost beyond them: the task's start, loading and reply, the
+protocol's round trips and the transfers (:mod:`strategies.clock`).
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ def choose_arch(
     deadline_s: float,
     fixed_bytes: float,
 ) -> str:
-    """The architecture with the most FLOPs whose predicted round time (compute +
-    ``fixed_bytes`` each way over the device's links) meets ``deadline_s``; the
+    """The architecture with the most FLOPs whose predicted round time (compute, plus
+    what the message costs beyond it with ``fixed_bytes`` each way:
+    :meth:`~common.devices.Device.transfer_seconds`) meets ``deadline_s``; the
     cheapest one when none does."""
     by_cost = sorted(archs, key=lambda a: flops[a])
     fits = [

@@ -1,26 +1,61 @@
-"""Device classes for the virtual clock: compute speed, links, latency.
+"""Device classes for the virtual clock: compute speed, links, round-trip time.
 
-A device's round time = its training's CPU time on this machine scaled by
-``host speed / device speed``, plus the bytes it receives and sends over its links,
-plus one latency (:meth:`Device.round_seconds`). Speeds are effective GFLOP/s on
-the reference workload of :mod:`models.workload` (SGD steps of ``cnn-1`` at batch 10
-on 28×28 inputs); ``fedhet profile --measure`` prints a machine's.
+A device's round time (:meth:`Device.round_seconds`) = its training's (and, when the
+training message carries an evaluation, that evaluation's) CPU time on this machine
+scaled by ``host speed / device speed``, plus what one training message costs beyond
+that (:meth:`Device.transfer_seconds`):
 
-The defaults below are estimates from published figures, derived in docs/fleet.md:
-the reference workload runs at 0.39 × a core's double-precision GEMM rate on the
-machine they were measured on, and a device's published HPL (Linpack) rate is
-scaled by the same factor. Node-config ``speed``, ``uplink-mbps``, ``downlink-mbps``
-and ``latency-ms`` override any of them for a real device.
+* the task's own work: start, loading, reply, and the node's own processes
+  (:attr:`Device.task_gflop` on the reference workload, at :attr:`Device.cpu_speed`);
+* the protocol: :data:`ROUND_TRIPS_PER_MESSAGE` round trips at the device's
+  round-trip time, plus :data:`PROTOCOL_S` (a message's time in the protocol at no
+  round-trip time);
+* the bytes it receives and sends over its links.
+
+Speeds are effective GFLOP/s on the reference workload of :mod:`models.workload` (SGD
+steps of ``cnn-1`` at batch 10 on 28×28 inputs); ``fedhet profile --measure`` prints a
+machine's. The defaults below are estimates from published figures, derived in
+docs/fleet.md: the reference workload runs at 0.39 × a core's double-precision GEMM
+rate on the machine they were measured on, and a device's published HPL (Linpack)
+rate is scaled by the same factor. The protocol's constants were measured on loopback
+links (docs/fleet.md, "The virtual clock"). Node-config ``speed``, ``uplink-mbps``,
+``downlink-mbps`` and ``latency-ms`` override any of them for a real device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WORKLOAD_PER_HPL = 0.39
 """Reference-workload GFLOP/s per HPL (dgemm) GFLOP/s, measured on one core of the
 machine the defaults were made on (docs/fleet.md)."""
+
+ROUND_TRIPS_PER_MESSAGE = 4.0
+"""Round trips on a round's critical path per training message with fedhet's
+defaults (``eval-mode = "with-train"``: one message per node-round): the message's
+pull (and the wait for the poll that finds it), its objects (one wave), the reply's
+push and its objects (one wave). Measured: ``python -m benchmarks.links``
+(docs/deployment.md, "Rounds over real links")."""
+PROTOCOL_S = 0.3
+"""Seconds a training message spends in the protocol at no round-trip time beyond
+the task: the SuperLink's requests, the node's and the ServerApp's polls, the task's
+hand-over to the executor, the reply's way to the ServerApp. Measured on this
+machine's loopback federation (``python -m benchmarks.throttled --task-cost``): a
+busier or faster server moves it."""
+PROTOCOL_BYTES_DOWN = 100e3
+"""Bytes a node receives per training message beyond its arrays: the message, its
+object tree, HTTP and TLS framing of every request, the polls' answers. Measured by
+``python -m benchmarks.links`` (what the link proxies carried, less the arrays)."""
+PROTOCOL_BYTES_UP = 40e3
+"""The same, sent by the node."""
+TASK_GFLOP = 8.5
+"""Work of one ClientApp task beyond its training and evaluation, on the reference
+workload: the task process's start (fork, Flower's task input, the run's bundle), the
+app's modules, the node's data, model and personal state, its reply, and the node's
+own processes meanwhile. Measured per device class on this machine (``python -m
+benchmarks.throttled --task-cost``: 0.41-0.47 CPU s with each class's model) as CPU
+seconds x this machine's speed (18.53 GFLOP/s); this value for a custom device."""
 
 
 @dataclass(frozen=True)
@@ -29,28 +64,47 @@ class Device:
 
     name: str
     speed: float
-    """Effective GFLOP/s on the reference workload."""
+    """Effective GFLOP/s on the reference workload (training, evaluation)."""
     uplink_mbps: float
     """Device to server, Mbit/s."""
     downlink_mbps: float
     """Server to device, Mbit/s."""
     latency_ms: float
-    """Added once per round's message exchange (request + reply), ms."""
+    """Round-trip time to the server, ms (what ``ping`` shows)."""
+    task_gflop: float = TASK_GFLOP
+    """A task's work beyond training and evaluation (see :data:`TASK_GFLOP`)."""
+    cpu_speed: float | None = None
+    """The speed a task's work beyond training runs at (None: ``speed``). That work is
+    single-threaded interpreted code, not matrix products: how a device runs it
+    relative to the reference workload is estimated, not measured (docs/fleet.md)."""
 
     def compute_seconds(self, cpu_seconds: float, host_speed: float) -> float:
         """``cpu_seconds`` of work on a host of ``host_speed``, on this device."""
         return cpu_seconds * host_speed / self.speed
 
-    def transfer_seconds(self, bytes_down: float, bytes_up: float) -> float:
-        """Both transfers over this device's links, plus its latency."""
+    def task_seconds(self) -> float:
+        """One task's start, loading and reply on this device."""
+        return self.task_gflop / (self.cpu_speed or self.speed)
+
+    def link_seconds(self, bytes_down: float, bytes_up: float) -> float:
+        """One message's protocol (its round trips, its time at no round-trip time)
+        and its bytes (arrays and the protocol's own) over this device's links."""
         return (
-            bytes_down * 8 / (self.downlink_mbps * 1e6)
-            + bytes_up * 8 / (self.uplink_mbps * 1e6)
-            + self.latency_ms / 1e3
+            ROUND_TRIPS_PER_MESSAGE * self.latency_ms / 1e3
+            + PROTOCOL_S
+            + (bytes_down + PROTOCOL_BYTES_DOWN) * 8 / (self.downlink_mbps * 1e6)
+            + (bytes_up + PROTOCOL_BYTES_UP) * 8 / (self.uplink_mbps * 1e6)
         )
 
+    def transfer_seconds(self, bytes_down: float, bytes_up: float) -> float:
+        """Everything one training message costs beyond its training and evaluation:
+        the task (:meth:`task_seconds`) and the link (:meth:`link_seconds`). What the
+        deadline policies add to their compute prediction."""
+        return self.task_seconds() + self.link_seconds(bytes_down, bytes_up)
+
     def round_seconds(self, compute_s: float, bytes_down: float, bytes_up: float) -> float:
-        """Virtual seconds of one training round on this device."""
+        """Virtual seconds of one training round on this device (``compute_s``: its
+        training and the evaluation its message carried, on this device)."""
         return compute_s + self.transfer_seconds(bytes_down, bytes_up)
 
 
@@ -60,7 +114,12 @@ DEVICES: dict[str, Device] = {
         # Raspberry Pi 4 (4× Cortex-A72, 1.5 GHz): HPL ≈ 8 GFLOP/s; home broadband
         # over Wi-Fi at the upload/download speeds of a typical mobile link
         Device(
-            "rpi4", speed=8.0 * WORKLOAD_PER_HPL, uplink_mbps=10, downlink_mbps=50, latency_ms=50
+            "rpi4",
+            speed=8.0 * WORKLOAD_PER_HPL,
+            uplink_mbps=10,
+            downlink_mbps=50,
+            latency_ms=50,
+            task_gflop=7.6,
         ),
         # Raspberry Pi 5 (4× Cortex-A76, 2.4 GHz): 2–3× a Pi 4's CPU (Raspberry Pi
         # Ltd): 2.5× here; fixed broadband
@@ -70,15 +129,32 @@ DEVICES: dict[str, Device] = {
             uplink_mbps=40,
             downlink_mbps=90,
             latency_ms=20,
+            task_gflop=8.5,
         ),
         # Jetson Orin Nano (1024-core Ampere GPU at 625 MHz: 1.28 TFLOP/s FP32 peak);
         # a batch-10 CNN keeps a GPU mostly idle: 5 % of peak assumed
+        # its 6 Cortex-A78AE cores do a task's other work: taken as a Pi 5's CPU
         Device(
-            "jetson-orin-nano", speed=0.05 * 1280.0, uplink_mbps=40, downlink_mbps=90, latency_ms=20
+            "jetson-orin-nano",
+            speed=0.05 * 1280.0,
+            uplink_mbps=40,
+            downlink_mbps=90,
+            latency_ms=20,
+            task_gflop=8.7,
+            cpu_speed=2.5 * 8.0 * WORKLOAD_PER_HPL,
         ),
         # a server client process: 4 cores of the reference machine (single-core
-        # workload rate 18 GFLOP/s measured there), data-centre links
-        Device("server", speed=4 * 18.0, uplink_mbps=1000, downlink_mbps=1000, latency_ms=2),
+        # workload rate 18 GFLOP/s measured there), data-centre links; a task's other
+        # work runs on one of them, as measured
+        Device(
+            "server",
+            speed=4 * 18.0,
+            uplink_mbps=1000,
+            downlink_mbps=1000,
+            latency_ms=2,
+            task_gflop=8.6,
+            cpu_speed=18.0,
+        ),
     )
 }
 """The default device of each profile (same names as ``client_app.profiles``)."""
@@ -118,8 +194,8 @@ def device_for(name: str, node_config: Mapping[str, object] | None = None) -> De
             if not least_ok:
                 raise ValueError(f"node-config {key}={options[key]!r} must be > 0")
             changes[attr] = value
-    return Device(
-        name=base.name,
+    return replace(
+        base,
         speed=changes.get("speed", base.speed),
         uplink_mbps=changes.get("uplink_mbps", base.uplink_mbps),
         downlink_mbps=changes.get("downlink_mbps", base.downlink_mbps),

@@ -14,7 +14,17 @@ from torch import nn
 from client_app.base import NodeSpec
 from client_app.clock import choose_arch, predicted_compute_s
 from common.config import ConfigError, parse_run_config
-from common.devices import DEVICES, Device, device_for, fleet_class, parse_fleet
+from common.devices import (
+    DEVICES,
+    PROTOCOL_BYTES_DOWN,
+    PROTOCOL_BYTES_UP,
+    PROTOCOL_S,
+    ROUND_TRIPS_PER_MESSAGE,
+    Device,
+    device_for,
+    fleet_class,
+    parse_fleet,
+)
 from models.workload import forward_flops, measure_speed, training_flops
 from server_app.inprocess import run_inprocess
 from strategies.clock import client_seconds, round_seconds
@@ -25,12 +35,50 @@ DEV = Device("test", speed=10.0, uplink_mbps=8.0, downlink_mbps=16.0, latency_ms
 
 
 # --------------------------------------------------------------------------- devices
-def test_round_seconds_of_a_device_is_compute_plus_transfers_plus_latency() -> None:
-    # 2 s of CPU on a host of speed 30 = 6 s on a device of speed 10;
-    # 1 MB down at 16 Mbit/s = 0.5 s; 2 MB up at 8 Mbit/s = 2 s; latency 0.1 s
-    compute = DEV.compute_seconds(2.0, host_speed=30.0)
+def test_round_seconds_of_a_device_is_compute_task_round_trips_and_transfers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import common.devices as devices
+
+    monkeypatch.setattr(devices, "ROUND_TRIPS_PER_MESSAGE", 4.5)
+    monkeypatch.setattr(devices, "PROTOCOL_S", 0.3)
+    monkeypatch.setattr(devices, "PROTOCOL_BYTES_DOWN", 1e5)
+    monkeypatch.setattr(devices, "PROTOCOL_BYTES_UP", 5e4)
+    # 2 s of CPU on a host of speed 30 = 6 s on a device of speed 10; the task's
+    # 5 GFLOP at 10 GFLOP/s = 0.5 s; 4.5 round trips of 0.1 s and 0.3 s at no
+    # round-trip time; 1 MB + 0.1 MB down at 16 Mbit/s = 0.55 s; 2 MB + 0.05 MB up at
+    # 8 Mbit/s = 2.05 s
+    dev = replace(DEV, task_gflop=5.0)
+    compute = dev.compute_seconds(2.0, host_speed=30.0)
     assert compute == pytest.approx(6.0)
-    assert DEV.round_seconds(compute, 1e6, 2e6) == pytest.approx(6.0 + 0.5 + 2.0 + 0.1)
+    assert dev.task_seconds() == pytest.approx(0.5)
+    assert dev.link_seconds(1e6, 2e6) == pytest.approx(0.45 + 0.3 + 0.55 + 2.05)
+    assert dev.round_seconds(compute, 1e6, 2e6) == pytest.approx(6.0 + 0.5 + 3.35)
+    # a task's work beyond training: at a Pi's speed; a Jetson trains on its GPU and
+    # does the rest on its CPU (a Pi 5's); a server class's on one of its four cores
+    rpi4 = DEVICES["rpi4"]
+    assert rpi4.task_seconds() == pytest.approx(rpi4.task_gflop / rpi4.speed)
+    jetson = DEVICES["jetson-orin-nano"]
+    assert jetson.task_seconds() == pytest.approx(jetson.task_gflop / DEVICES["rpi5"].speed)
+    server = DEVICES["server"]
+    assert server.task_seconds() == pytest.approx(server.task_gflop / (server.speed / 4))
+    # latency-ms is the round-trip time: a link's one-way delay is half of it
+    assert DEVICES["rpi4"].latency_ms == 50
+    # a class keeps its measured task cost when node-config overrides its speed
+    custom = device_for("rpi4", {"speed": 1.0})
+    assert custom.task_gflop == DEVICES["rpi4"].task_gflop
+    assert custom.task_seconds() == pytest.approx(DEVICES["rpi4"].task_gflop)  # at speed 1
+
+
+def test_a_training_message_that_carried_an_evaluation_is_charged_for_it() -> None:
+    n = timed(10, 0, DEV)
+    without = client_seconds(n, {"virtual-compute-s": 1.0}, 1000, 1000)
+    with_eval = client_seconds(
+        n, {"virtual-compute-s": 1.0, "eval-cpu-s": 0.5, "host-speed": 30.0}, 1000, 1000
+    )
+    assert without is not None and with_eval is not None
+    assert with_eval - without == pytest.approx(0.5 * 30.0 / DEV.speed)
+    assert without == pytest.approx(1.0 + DEV.transfer_seconds(1000, 1000))
 
 
 def test_fleet_classes_cycle_over_partition_ids_in_order() -> None:
@@ -94,13 +142,14 @@ def test_measured_speed_is_positive_and_finite() -> None:
 
 def test_the_deadline_policy_takes_the_largest_model_that_fits() -> None:
     flops = {"small": 1e6, "mid": 1e7, "big": 1e8}
-    # 100 samples, 1 epoch on speed 10 GFLOP/s: 0.01 s, 0.1 s, 1 s; links add 0.1 s
-    # latency + 2 × 0 bytes
+    # 100 samples, 1 epoch on speed 10 GFLOP/s: 0.01 s, 0.1 s, 1 s; the message adds
+    # its task, its protocol and 2 × 0 bytes
     args = (100, 1, DEV)
+    extra = DEV.transfer_seconds(0, 0)
     assert predicted_compute_s(1e8, *args) == pytest.approx(1.0)
-    assert choose_arch(list(flops), flops, *args, deadline_s=0.5, fixed_bytes=0) == "mid"
-    assert choose_arch(list(flops), flops, *args, deadline_s=2.0, fixed_bytes=0) == "big"
-    assert choose_arch(list(flops), flops, *args, deadline_s=0.001, fixed_bytes=0) == "small"
+    assert choose_arch(list(flops), flops, *args, deadline_s=extra + 0.5, fixed_bytes=0) == "mid"
+    assert choose_arch(list(flops), flops, *args, deadline_s=extra + 2.0, fixed_bytes=0) == "big"
+    assert choose_arch(list(flops), flops, *args, deadline_s=extra, fixed_bytes=0) == "small"
 
 
 # --------------------------------------------------------------------------- server
@@ -123,7 +172,7 @@ def head(value: float) -> dict[str, np.ndarray]:
 
 
 def test_a_client_past_the_deadline_is_not_aggregated() -> None:
-    fast = replace(DEV, name="fast", speed=100.0)
+    fast = replace(DEV, name="fast", speed=100.0, latency_ms=0.0)
     nodes = [timed(10, 0, fast), timed(11, 1, DEV), timed(12, 2, fast)]
     s = strategy(LGFedAvg, nodes, **{"round-deadline-s": 3.0})
     s.global_arrays = s.init_global()
@@ -138,7 +187,14 @@ def test_a_client_past_the_deadline_is_not_aggregated() -> None:
     assert arrays is not None
     assert s.deadline_dropped == [1]
     np.testing.assert_allclose(s.global_arrays["head.bias"], 2.0)  # mean of 1 and 3
-    want_slow = 2.9 + head_bytes * 8 / 16e6 + head_bytes * 8 / 8e6 + 0.1
+    want_slow = (
+        2.9
+        + DEV.task_gflop / DEV.speed
+        + ROUND_TRIPS_PER_MESSAGE * 0.1
+        + PROTOCOL_S
+        + (head_bytes + PROTOCOL_BYTES_DOWN) * 8 / 16e6
+        + (head_bytes + PROTOCOL_BYTES_UP) * 8 / 8e6
+    )
     assert s.client_virtual_s[1] == pytest.approx(want_slow)
     assert s.client_virtual_s[0] == pytest.approx(
         1.0 + fast.transfer_seconds(head_bytes, head_bytes)
@@ -202,6 +258,8 @@ def test_without_a_fleet_rows_carry_no_virtual_time(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- FedARA tiers
 LINK = replace(DEV, uplink_mbps=80.0, downlink_mbps=160.0)
+OVERHEAD = LINK.transfer_seconds(0, 0)
+"""What a message costs LINK beyond its compute and bytes (task, protocol)."""
 
 
 def fedara_deadline(deadline: float, **extras: float):  # type: ignore[no-untyped-def]
@@ -233,15 +291,15 @@ def fedara_deadline(deadline: float, **extras: float):  # type: ignore[no-untype
 
 
 def test_fedara_deadline_policy_serves_the_largest_tier_that_fits() -> None:
-    s, (slow, fast) = fedara_deadline(1.0)
+    s, (slow, fast) = fedara_deadline(1.0 + OVERHEAD)
     # slow: compute = flops × 100 samples / 10 GFLOP/s; transfers of each tier's
-    # extractor at 160 down / 80 up Mbit/s, + 0.1 s latency
+    # extractor at 160 down / 80 up Mbit/s, + the message's task and protocol
     want = {}
     for r in (1.0, 0.5, 0.25, 0.125):
         nbytes = s.tier_bytes(r, ("fc1", "fc2"))
         flops = float(slow.extras[f"flops@{r:g}"])
         want[r] = flops * 100 / 1e10 + LINK.transfer_seconds(nbytes, nbytes)
-    fitting = [r for r in (1.0, 0.5, 0.25, 0.125) if want[r] <= 1.0]
+    fitting = [r for r in (1.0, 0.5, 0.25, 0.125) if want[r] <= 1.0 + OVERHEAD]
     assert fitting, want  # the test's numbers must leave a choice to make
     assert s.deadline_ratio(slow) == max(fitting)
     assert max(fitting) < 1.0 and s.deadline_ratio(fast) == 1.0  # the fast one gets it all
@@ -259,7 +317,7 @@ def test_fedara_deadline_policy_serves_the_largest_tier_that_fits() -> None:
 
 
 def test_fedara_deadline_policy_follows_what_a_node_measured() -> None:
-    s, (slow, fast) = fedara_deadline(1.0)
+    s, (slow, fast) = fedara_deadline(1.0 + OVERHEAD)
     s.plan_round(1, [slow, fast])
     first = s.tier(slow)[0]
     # the node reports it needed 10× the predicted compute: next round, a smaller tier
