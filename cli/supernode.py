@@ -290,7 +290,9 @@ class PacedSleep(types.ModuleType):
         """Kind of the message the node last worked on (None: none yet)."""
         self.before_idle: Callable[[float, float | None], None] | None = None
         """Called before each idle wait (not ``fast``) with the wait and the seconds
-        until the next message is due (None: no history yet)."""
+        until the next message is due (None: no history yet), until the message is
+        overdue by more than its expected gap (a run that ended, a round the node was
+        not sampled in)."""
         self.sleep = self._sleep  # type: ignore[method-assign] # not the copied time.sleep
 
     def arrived(self, kind: str) -> None:
@@ -311,7 +313,7 @@ class PacedSleep(types.ModuleType):
             return min(seconds, idle_interval(self._poll, since, self._cap, FAST_GROWTH))
         expected = self.gaps.expected(self.replied)
         wait = informed_interval(self._poll, since, expected, self._cap)
-        if self.before_idle is not None:
+        if self.before_idle is not None and (expected is None or since <= 2 * expected):
             self.before_idle(wait, None if expected is None else LEAD * expected - since)
         return wait
 

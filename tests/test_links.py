@@ -578,6 +578,9 @@ def test_paced_sleep_tells_when_the_next_message_is_due() -> None:
     assert seen[-1][1] == pytest.approx(LEAD * 10.0, abs=0.05)
     paced.wait_for(0.5)  # a wait inside a task: no call
     assert len(seen) == 2
+    paced.last_active = real_time.monotonic() - 25.0  # overdue by more than its gap
+    paced.wait_for(FLOWER_IDLE_PULL_S)
+    assert len(seen) == 2
 
 
 @pytest.mark.parametrize(("module", "cls", "attr"), HTTPCORE_INTERNALS)
