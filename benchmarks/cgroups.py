@@ -57,6 +57,7 @@ class CpuLimit:
         self.path = root / f"fedhet-throttled-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def __enter__(self) -> CpuLimit:
+        remove_stale(self.root)
         self.path.mkdir()
         try:
             (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
@@ -115,6 +116,31 @@ class CpuLimit:
                     print(f"warning: could not remove {self.path}", file=sys.stderr)
                     return
                 time.sleep(0.2)
+
+
+def own_groups(root: Path = CPU_CGROUPS) -> list[Path]:
+    """The groups this process made and has not removed."""
+    return sorted(root.glob(f"fedhet-throttled-{os.getpid()}-*"))
+
+
+def remove_stale(root: Path = CPU_CGROUPS) -> list[Path]:
+    """Remove the groups of processes that have ended (a run killed before its clean-up:
+    its group outlives it, empty or holding its orphans, which go back to the parent);
+    the groups removed."""
+    removed = []
+    for path in root.glob("fedhet-throttled-*"):
+        try:
+            owner = int(path.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if owner == os.getpid() or Path(f"/proc/{owner}").exists():
+            continue
+        group = CpuLimit(None, root=root)
+        group.path = path
+        group.close()
+        if not path.exists():
+            removed.append(path)
+    return removed
 
 
 # ---------------------------------------------------------------------- sampling

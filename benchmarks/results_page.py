@@ -121,10 +121,12 @@ def expected_config(regime: str, name: str, seed: int) -> dict[str, Any]:
     return cfg
 
 
-IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies", "reply-poll")
+IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies", "reply-poll", "eval-mode")
 """Keys that cannot change a benchmark run's numbers: every reply is valid in every
 round of these runs (checked), so how many valid replies a round needs does not
-matter; ``reply-poll`` only decides when the server looks for replies."""
+matter; ``reply-poll`` only decides when the server looks for replies; ``eval-mode``
+only decides which message carries an evaluation (the same per-round metrics in both
+modes: tests/test_eval_mode.py; the tables' bytes are the training messages')."""
 ADDED = {
     "max-weight-share": 1.0,
     "model.init": "per-client",

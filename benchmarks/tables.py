@@ -449,7 +449,7 @@ def attack_section() -> str:
         rejected = sum(
             v
             for k, v in r["rejected"].items()
-            if k in ("robust.max-norm-ratio", "update direction")
+            if k in ("robust.max-norm-ratio", "update direction", "class screening")
         )
         text = f"{r['accuracy']:.3f} ({delta:+.1f})" if r["finite"] else "**non-finite**"
         return text + (f", {rejected} rejected" if rejected else "")
@@ -458,11 +458,8 @@ def attack_section() -> str:
         f"`python -m benchmarks.faults --attacks`: the same {doc['nodes']} clients, "
         f"{doc['rounds']} rounds and partition as the table above. Accuracy (last round) "
         "and, in brackets, points against the clean run; `n rejected`: replies rejected "
-        "over the run by `robust.max-norm-ratio` (on by default) or `robust.min-cosine`. "
-        "Defaults columns: nothing set; `robust` columns: `robust.min-cosine = 0` "
-        "(direction screening) for fedavg, lgfedavg, fedara, fedlora and fml, "
-        '`robust.aggregate = "median"` for fedkd and fedproto; fedgh, fedre and '
-        "fedtgp average nothing, so no option beyond the screening applies; `–`: not "
+        "over the run by `robust.max-norm-ratio` or `robust.min-cosine`, or replies with "
+        "prototypes dropped by `robust.prototypes`. " + attack_options(doc) + " `–`: not "
         "applicable.",
         "",
         "| algorithm | " + " | ".join(ATTACK_COLUMNS) + " |",
@@ -472,6 +469,25 @@ def attack_section() -> str:
         cells = [cell(by.get((al, c))) for c in ATTACK_COLUMNS]
         lines.append(f"| {al} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def attack_options(doc: dict) -> str:
+    """What the attack table's defaults and ``robust`` columns ran with, from the
+    archive (``defaults`` and ``robust-options`` of ``faults.json``)."""
+
+    def setting(key: str, value: object) -> str:
+        return f"`{key} = {json.dumps(value)}`"
+
+    if "defaults" not in doc:
+        return "Defaults columns: the defaults of the time."
+    shown = ("robust.max-norm-ratio", "robust.min-cosine", "robust.prototypes")
+    defaults = ", ".join(setting(k, doc["defaults"][k]) for k in shown if k in doc["defaults"])
+    groups: dict[str, list[str]] = {}
+    for algorithm, options in doc.get("robust-options", {}).items():
+        text = ", ".join(setting(k, v) for k, v in options.items())
+        groups.setdefault(text, []).append(algorithm)
+    robust = "; ".join(f"{text} for {', '.join(names)}" for text, names in groups.items())
+    return f"Defaults columns: the defaults ({defaults}); `robust` columns: {robust}."
 
 
 def honest_ratios_section() -> str:

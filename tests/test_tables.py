@@ -34,6 +34,7 @@ SECTIONS = {
     "scale": tables.scale_section,
     "privacy": tables.privacy_section,
     "faults": tables.faults_section,
+    "attacks": tables.attack_section,
     "profiles": tables.profiles_section,
 }
 
