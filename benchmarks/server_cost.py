@@ -409,6 +409,14 @@ def carried(summary: dict[str, Any], round_s: float) -> float:
     return 1.0 / per if per > 0 else float("inf")
 
 
+def steady_carried(summary: dict[str, Any], round_s: float) -> float:
+    """:func:`carried` with the steady state's CPU per node-round (start-up excluded)."""
+    return carried(
+        {**summary, "server-cpu-s-per-node-round": summary["steady-server-cpu-s-per-node-round"]},
+        round_s,
+    )
+
+
 def table(rows: Iterable[dict[str, Any]]) -> str:
     head = (
         "| mode | nodes | SuperLink core/node active | idle | ServerApp+SuperLink CPU s "
@@ -435,7 +443,8 @@ def steady_table(rows: Iterable[dict[str, Any]]) -> str:
     head = (
         "| mode | nodes | SuperLink + ServerApp CPU s per node-round (SuperLink alone) "
         "| SuperNode + executor CPU s per node-round | ClientApp tasks CPU s per node-round "
-        "| SuperLink requests per node-round |\n|---|---|---|---|---|---|\n"
+        "| SuperLink requests per node-round | nodes per server core at 30 s / 300 s rounds "
+        "|\n|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in rows:
@@ -447,7 +456,9 @@ def steady_table(rows: Iterable[dict[str, Any]]) -> str:
             f"({s['steady-superlink-cpu-s-per-node-round']:.3f}) "
             f"| {s['steady-node-cpu-s-per-node-round']:.3f} "
             f"| {s['steady-task-cpu-s-per-node-round']:.3f} "
-            f"| {s['steady-requests-per-node-round']:.1f} |"
+            f"| {s['steady-requests-per-node-round']:.1f} "
+            f"| {steady_carried(s, ROUND_LENGTHS_S[0]):.0f} / "
+            f"{steady_carried(s, ROUND_LENGTHS_S[1]):.0f} |"
         )
     return head + "\n".join(lines) + "\n" if lines else ""
 

@@ -563,6 +563,23 @@ def server_cost_section() -> str:
         + " |"
     )
     lines += ["", "![server CPU against N](results/server_cost.png)", ""]
+    from benchmarks.server_cost import steady_table
+
+    steady = steady_table(rows)
+    if steady:
+        lines += [
+            "**Steady state** (start-up excluded): CPU per role and SuperLink requests from "
+            "the end of round 1 to the end of the run, per node-round; `memory`: the "
+            "defaults with the SuperLink's state in memory; `separate`: `eval-mode = "
+            '"separate"` (an evaluation message of its own every round); nodes per server '
+            "core from the steady CPU and the idle cost (rows measured before the steady "
+            "window existed are not in it). Goals: "
+            "SuperLink + ServerApp ≤ 0.3 CPU s per node-round with the defaults, ≤ 0.15 "
+            "with the state in memory; SuperNode + executor ≤ 0.15.",
+            "",
+            steady.rstrip(),
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
