@@ -227,9 +227,11 @@ class _Direction:
                     return
                 if self.trace is not None and data[:5] in (b"POST ", b"GET /", b"HTTP/"):
                     self.trace(data.split(b"\r\n", 1)[0].decode("latin-1")[:100])
+                # counted as it is handed on, before the receiver can have it (counted
+                # after drain(), a receiver that answers at once raced the count)
+                self.count(len(data))
                 self.writer.write(data)
                 await self.writer.drain()
-                self.count(len(data))
                 self.held -= len(data)
                 if self.held < BUFFER:
                     self.room.set()

@@ -37,25 +37,27 @@ defaults (``eval-mode = "with-train"``: one message per node-round): the message
 pull (and the wait for the poll that finds it), its objects (one wave), the reply's
 push and its objects (one wave). Measured: ``python -m benchmarks.links``
 (docs/deployment.md, "Rounds over real links")."""
-PROTOCOL_S = 0.3
+PROTOCOL_S = 0.2
 """Seconds a training message spends in the protocol at no round-trip time beyond
 the task: the SuperLink's requests, the node's and the ServerApp's polls, the task's
 hand-over to the executor, the reply's way to the ServerApp. Measured on this
-machine's loopback federation (``python -m benchmarks.throttled --task-cost``): a
-busier or faster server moves it."""
+machine's loopback federation (``python -m benchmarks.throttled --task-cost``: 0.02-0.28
+s by class, median 0.24; docs/results/throttled-task-cost.json): a busier or faster
+server moves it."""
 PROTOCOL_BYTES_DOWN = 100e3
 """Bytes a node receives per training message beyond its arrays: the message, its
 object tree, HTTP and TLS framing of every request, the polls' answers. Measured by
 ``python -m benchmarks.links`` (what the link proxies carried, less the arrays)."""
 PROTOCOL_BYTES_UP = 40e3
 """The same, sent by the node."""
-TASK_GFLOP = 8.5
+TASK_GFLOP = 4.8
 """Work of one ClientApp task beyond its training and evaluation, on the reference
 workload: the task process's start (fork, Flower's task input, the run's bundle), the
 app's modules, the node's data, model and personal state, its reply, and the node's
 own processes meanwhile. Measured per device class on this machine (``python -m
-benchmarks.throttled --task-cost``: 0.41-0.47 CPU s with each class's model) as CPU
-seconds x this machine's speed (18.53 GFLOP/s); this value for a custom device."""
+benchmarks.throttled --task-cost``: 0.23-0.28 CPU s with each class's model,
+docs/results/throttled-task-cost.json) as CPU seconds x this machine's speed (18.53
+GFLOP/s); this value (about their median) for a custom device."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ DEVICES: dict[str, Device] = {
             uplink_mbps=10,
             downlink_mbps=50,
             latency_ms=50,
-            task_gflop=7.6,
+            task_gflop=4.6,
         ),
         # Raspberry Pi 5 (4× Cortex-A76, 2.4 GHz): 2–3× a Pi 4's CPU (Raspberry Pi
         # Ltd): 2.5× here; fixed broadband
@@ -129,7 +131,7 @@ DEVICES: dict[str, Device] = {
             uplink_mbps=40,
             downlink_mbps=90,
             latency_ms=20,
-            task_gflop=8.5,
+            task_gflop=4.3,
         ),
         # Jetson Orin Nano (1024-core Ampere GPU at 625 MHz: 1.28 TFLOP/s FP32 peak);
         # a batch-10 CNN keeps a GPU mostly idle: 5 % of peak assumed
@@ -140,7 +142,7 @@ DEVICES: dict[str, Device] = {
             uplink_mbps=40,
             downlink_mbps=90,
             latency_ms=20,
-            task_gflop=8.7,
+            task_gflop=5.1,
             cpu_speed=2.5 * 8.0 * WORKLOAD_PER_HPL,
         ),
         # a server client process: 4 cores of the reference machine (single-core
@@ -152,7 +154,7 @@ DEVICES: dict[str, Device] = {
             uplink_mbps=1000,
             downlink_mbps=1000,
             latency_ms=2,
-            task_gflop=8.6,
+            task_gflop=5.2,
             cpu_speed=18.0,
         ),
     )

@@ -436,9 +436,17 @@ def counting_http() -> Iterator[_CountingHttp]:
     server.close()
 
 
-def _wait_opened(warm: object, count: int) -> None:
+def _wait_opened(
+    warm: object, count: int, server: _CountingHttp | None = None, accepted: int = 0
+) -> None:
+    """Until ``warm`` opened ``count`` connections and, with ``server``, the server
+    has accepted ``accepted`` (default ``count``; its handler threads count them a
+    moment after the client is connected)."""
+    accepted = accepted or count
     deadline = time.monotonic() + 5
     while warm.opened < count and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    while server is not None and server.connections < accepted and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -455,7 +463,7 @@ def test_connections_are_opened_before_the_requests_that_need_them(
     with httpx.Client() as client:
         warm.attach(client, counting_http.url)
         assert warm.ensure(4) == 4
-        _wait_opened(warm, 4)
+        _wait_opened(warm, 4, counting_http)
         assert counting_http.connections == 4 and counting_http.requests == 0
         assert warm.ensure(4) == 0  # all there: nothing opened twice
         counting_http.barrier = threading.Barrier(4, timeout=5)
@@ -485,7 +493,7 @@ def test_a_tls_connection_opened_ahead_is_kept_by_the_pool(tmp_path: Path) -> No
         with httpx.Client(verify=verify) as client:
             warm.attach(client, server.url)
             warm.ensure(2)
-            _wait_opened(warm, 2)
+            _wait_opened(warm, 2, server)
             time.sleep(0.2)
             assert server.connections == 2
             for _ in range(2):
@@ -519,7 +527,7 @@ def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(
         )
         assert warm.fresh() == 0
         assert warm.ensure(1) == 1
-        _wait_opened(warm, 1)
+        _wait_opened(warm, 1, counting_http, accepted=2)
         assert warm.fresh() == 1 and warm.ensure(1) == 0
         assert counting_http.connections == 2
         client.post(counting_http.url)  # the pool takes the older connection first
