@@ -484,6 +484,21 @@ def results_page() -> str:
         "predicting its majority training class scores. Column `last − local`: the row's "
         "mean minus `local`'s.",
         "",
+        "**Reproducing an archived row.** Runs archived before results recorded their "
+        "code (`versions.source`) do not all reproduce to the last digit. Found by rerunning "
+        "the archived scarce seed-0 configurations for 6 rounds at successive commits (each "
+        "commit repeats its own numbers exactly): FedGH's rounds 1-3 and 6 are the "
+        "archive's at every commit, rounds 4-5 (0.6692, 0.7005) are reproduced up to "
+        "`e8a1b90` and become 0.6695, 0.7011 from `134c13d` on, which trains the server-side "
+        "head (and FedTGP's generator) on one thread: a different order of floating-point "
+        "sums. LG-FedAvg's first two rounds (partition 36: 0.3514) are the archive's "
+        "again at the current code (FedRE was not rerun). FedARA's row was not settled: at the current "
+        "code its rounds 1-3 are the archive's and round 4 is not (0.5632 against 0.5615); "
+        "at `cd926e8`, the commit that archived it, round 4 is and round 3 is not (0.4800 "
+        "against 0.4788); no commit tested gives every round. The archived rows are kept, "
+        "not rerun; "
+        "`tests/test_reference.py` now makes any change in numerics a visible decision.",
+        "",
     ]
     for suite in SUITE_TITLES:
         parts.append(suite_section(suite))
