@@ -101,21 +101,28 @@ class CpuLimit:
 
     def close(self) -> None:
         """Processes still in the group go back to the parent; the group is removed."""
-        if not self.path.exists():
-            return
-        deadline = time.monotonic() + 15
-        while True:
-            for pid in self.pids():
+        remove_group(self.path, self.root)
+
+
+def remove_group(path: Path, root: Path = CPU_CGROUPS) -> None:
+    """Move what ``path`` still holds to ``root`` and remove the group (retried for up
+    to 15 s while its last processes leave)."""
+    if not path.exists():
+        return
+    deadline = time.monotonic() + 15
+    while True:
+        with contextlib.suppress(OSError):
+            for pid in (path / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):
-                    (self.root / "cgroup.procs").write_text(str(pid))
-            try:
-                self.path.rmdir()
+                    (root / "cgroup.procs").write_text(pid)
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                print(f"warning: could not remove {path}", file=sys.stderr)
                 return
-            except OSError:
-                if time.monotonic() > deadline:
-                    print(f"warning: could not remove {self.path}", file=sys.stderr)
-                    return
-                time.sleep(0.2)
+            time.sleep(0.2)
 
 
 def own_groups(root: Path = CPU_CGROUPS) -> list[Path]:
@@ -133,11 +140,9 @@ def remove_stale(root: Path = CPU_CGROUPS) -> list[Path]:
             owner = int(path.name.split("-")[2])
         except (IndexError, ValueError):
             continue
-        if owner == os.getpid() or Path(f"/proc/{owner}").exists():
+        if Path(f"/proc/{owner}").exists():  # this process, or another still running
             continue
-        group = CpuLimit(None, root=root)
-        group.path = path
-        group.close()
+        remove_group(path, root)
         if not path.exists():
             removed.append(path)
     return removed

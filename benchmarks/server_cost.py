@@ -402,19 +402,14 @@ def steady_per_node(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def carried(summary: dict[str, Any], round_s: float) -> float:
+def carried(
+    summary: dict[str, Any], round_s: float, cpu: str = "server-cpu-s-per-node-round"
+) -> float:
     """Nodes one server core carries at rounds of ``round_s`` seconds: the per-node
-    idle cost all the time plus the per-node active CPU of a round once per round."""
-    per = summary["server-idle-core-per-node"] + summary["server-cpu-s-per-node-round"] / round_s
+    idle cost all the time plus the per-node active CPU of a round (``cpu``: the whole
+    run's, or ``steady-server-cpu-s-per-node-round``) once per round."""
+    per = summary["server-idle-core-per-node"] + summary[cpu] / round_s
     return 1.0 / per if per > 0 else float("inf")
-
-
-def steady_carried(summary: dict[str, Any], round_s: float) -> float:
-    """:func:`carried` with the steady state's CPU per node-round (start-up excluded)."""
-    return carried(
-        {**summary, "server-cpu-s-per-node-round": summary["steady-server-cpu-s-per-node-round"]},
-        round_s,
-    )
 
 
 def table(rows: Iterable[dict[str, Any]]) -> str:
@@ -438,6 +433,9 @@ def table(rows: Iterable[dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+STEADY_CPU = "steady-server-cpu-s-per-node-round"
+
+
 def steady_table(rows: Iterable[dict[str, Any]]) -> str:
     """CPU and requests per node-round in the steady state (after round 1)."""
     head = (
@@ -449,16 +447,16 @@ def steady_table(rows: Iterable[dict[str, Any]]) -> str:
     lines = []
     for row in rows:
         s = row["per-node"]
-        if "steady-server-cpu-s-per-node-round" not in s:
+        if STEADY_CPU not in s:
             continue
         lines.append(
-            f"| {row['mode']} | {row['nodes']} | {s['steady-server-cpu-s-per-node-round']:.3f} "
+            f"| {row['mode']} | {row['nodes']} | {s[STEADY_CPU]:.3f} "
             f"({s['steady-superlink-cpu-s-per-node-round']:.3f}) "
             f"| {s['steady-node-cpu-s-per-node-round']:.3f} "
             f"| {s['steady-task-cpu-s-per-node-round']:.3f} "
             f"| {s['steady-requests-per-node-round']:.1f} "
-            f"| {steady_carried(s, ROUND_LENGTHS_S[0]):.0f} / "
-            f"{steady_carried(s, ROUND_LENGTHS_S[1]):.0f} |"
+            f"| {carried(s, ROUND_LENGTHS_S[0], STEADY_CPU):.0f} / "
+            f"{carried(s, ROUND_LENGTHS_S[1], STEADY_CPU):.0f} |"
         )
     return head + "\n".join(lines) + "\n" if lines else ""
 

@@ -478,8 +478,6 @@ def attack_options(doc: dict) -> str:
     def setting(key: str, value: object) -> str:
         return f"`{key} = {json.dumps(value)}`"
 
-    if "defaults" not in doc:
-        return "Defaults columns: the defaults of the time."
     shown = ("robust.max-norm-ratio", "robust.min-cosine", "robust.prototypes")
     defaults = ", ".join(setting(k, doc["defaults"][k]) for k in shown if k in doc["defaults"])
     groups: dict[str, list[str]] = {}
