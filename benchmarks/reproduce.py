@@ -5,7 +5,9 @@ config for a few rounds and compare every client's accuracy with the archive's.
     python -m benchmarks.reproduce --rounds 2 --only fedgh,fedara --regime scarce
     python -m benchmarks.reproduce --provenance-only     # only the archiving commits
 
-Writes ``docs/results/reproduced.json`` (merged with what it holds):
+A key added after a run was made takes the value that run had (``ADDED`` of
+``benchmarks/results_page.py``, as the tables assume). Writes
+``docs/results/reproduced.json`` (merged with what it holds):
 
 - ``runs[path]["archived-in"]``: for every archived run that did not record its code
   (``versions.source``), the last commit that added or changed its file (git history,
@@ -26,13 +28,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_page import ARCHIVE, DOCS, entries, spec_of
+from benchmarks.results_page import ADDED, ARCHIVE, DOCS, entries, spec_of
 from benchmarks.suites import REGIMES, ROOT
 from cli.launch import Scalar, run_simulation
 from common.provenance import code_identity
@@ -93,11 +96,13 @@ def compare(archived: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict
     return {"same-rounds": same, "first-difference": None}
 
 
-def check(path: Path, regime: str, rounds: int, work: Path) -> dict[str, Any]:
+def check(
+    path: Path, regime: str, rounds: int, work: Path, keep: Path | None = None
+) -> dict[str, Any]:
     doc = load_archived(path)
-    cfg: dict[str, Scalar] = {
-        k: v for k, v in doc["config"].items() if k not in ("out-dir", "resume")
-    }
+    # keys added after the run take the value that run had (what the tables assume)
+    recorded = {**ADDED, **doc["config"]}
+    cfg: dict[str, Scalar] = {k: v for k, v in recorded.items() if k not in ("out-dir", "resume")}
     cfg["num-server-rounds"] = rounds
     cfg["out-dir"] = str(work / "out")
     started = time.perf_counter()
@@ -118,6 +123,10 @@ def check(path: Path, regime: str, rounds: int, work: Path) -> dict[str, Any]:
             "error": f"run {outcome.status} (log {outcome.log_path})",
         }
     rerun = json.loads((work / "out" / "results.json").read_text())
+    if keep is not None:  # the rerun's results.json, for a closer look
+        dest = keep / str(path.relative_to(ARCHIVE)).removesuffix(".gz")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work / "out" / "results.json", dest)
     versions = rerun.get("versions", {})  # the code that ran, as the ServerApp recorded it
     result.update({k: versions.get(k) for k in ("source", "git-commit", "git-dirty")})
     return {**result, **compare(doc["rounds"][:rounds], rerun["rounds"])}
@@ -146,6 +155,7 @@ def main() -> int:
     ap.add_argument("--regime", default="all", choices=["all", *REGIMES])
     ap.add_argument("--only", default="", help="comma list of row names")
     ap.add_argument("--provenance-only", action="store_true")
+    ap.add_argument("--keep", type=Path, help="copy each rerun's results.json under this folder")
     ap.add_argument("--out", type=Path, default=REPRODUCED)
     args = ap.parse_args()
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -165,7 +175,7 @@ def main() -> int:
         key = str(path.relative_to(ARCHIVE))
         print(f"{time.strftime('%H:%M:%S')} {key}", flush=True)
         with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
-            result = check(path, regime, args.rounds, Path(tmp))
+            result = check(path, regime, args.rounds, Path(tmp), args.keep)
         print(f"  {json.dumps(result)}", flush=True)
         failures += "error" in result
         runs.setdefault(key, {})["check"] = result
