@@ -13,14 +13,16 @@ A key added after a run was made takes the value that run had (``ADDED`` of
   (``versions.source``), the last commit that added or changed its file (git history,
   following renames): the run was made by the code of that time, committed or not;
 - ``runs[path]["check"]``: for the runs rerun here, the code that reran them
-  (``source``, ``git-commit``), how many rounds were compared, ``same-rounds`` (the
-  leading rounds whose every client accuracy equals the archive's to the last digit)
-  and ``first-difference`` (round, how many clients differ, the largest difference,
-  the round's accuracy archived and now), or ``null``.
+  (``source``, ``git-commit``) and the machine (``machine``), how many rounds were
+  compared, ``same-rounds`` (the leading rounds whose every client accuracy equals the
+  archive's to the last digit) and ``first-difference`` (round, how many clients
+  differ, the largest difference, the round's accuracy archived and now), or ``null``;
+  ``runs[path]["check-avx2"]``: the same with ``--avx2``, AVX2 kernels on this machine.
 
-The tables (``python -m benchmarks.tables``) say for every row what was found.
-A run's numbers repeat exactly at the same code on CPU (the reference test,
-``tests/test_reference.py``, holds that for a small configuration).
+The last digits depend on the code and on the CPU kernels torch runs (see
+``tests/test_reference.py``): a rerun that differs says "not this code on this
+machine", not which of the two moved. The tables (``python -m benchmarks.tables``)
+say for every row what was found.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ from cli.launch import Scalar, run_simulation
 from common.provenance import code_identity
 
 REPRODUCED = DOCS / "reproduced.json"
+AVX2 = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+"""Environment that makes torch (and oneDNN, MKL) run AVX2 kernels on an AVX512 machine:
+another machine's last digits, emulated (``--avx2``)."""
 
 
 def load_archived(path: Path) -> dict[str, Any]:
@@ -97,7 +106,12 @@ def compare(archived: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict
 
 
 def check(
-    path: Path, regime: str, rounds: int, work: Path, keep: Path | None = None
+    path: Path,
+    regime: str,
+    rounds: int,
+    work: Path,
+    keep: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     doc = load_archived(path)
     # keys added after the run take the value that run had (what the tables assume)
@@ -112,9 +126,10 @@ def check(
         num_supernodes=REGIMES[regime]["clients"],
         flwr_home=work / "flwr",
         timeout=3600,
+        extra_env=env,
     )
     wall = round(time.perf_counter() - started, 1)
-    result: dict[str, Any] = {"rounds": rounds, "wall-s": wall}
+    result: dict[str, Any] = {"rounds": rounds, "wall-s": wall, "kernel-env": env or {}}
     if not outcome.ok:
         identity = code_identity()
         return {
@@ -128,7 +143,7 @@ def check(
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "out" / "results.json", dest)
     versions = rerun.get("versions", {})  # the code that ran, as the ServerApp recorded it
-    result.update({k: versions.get(k) for k in ("source", "git-commit", "git-dirty")})
+    result.update({k: versions.get(k) for k in ("source", "git-commit", "git-dirty", "machine")})
     return {**result, **compare(doc["rounds"][:rounds], rerun["rounds"])}
 
 
@@ -156,6 +171,11 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list of row names")
     ap.add_argument("--provenance-only", action="store_true")
     ap.add_argument("--keep", type=Path, help="copy each rerun's results.json under this folder")
+    ap.add_argument(
+        "--avx2",
+        action="store_true",
+        help="rerun with AVX2 kernels (recorded as check-avx2): another machine, emulated",
+    )
     ap.add_argument("--out", type=Path, default=REPRODUCED)
     args = ap.parse_args()
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -175,10 +195,12 @@ def main() -> int:
         key = str(path.relative_to(ARCHIVE))
         print(f"{time.strftime('%H:%M:%S')} {key}", flush=True)
         with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
-            result = check(path, regime, args.rounds, Path(tmp), args.keep)
+            result = check(
+                path, regime, args.rounds, Path(tmp), args.keep, AVX2 if args.avx2 else None
+            )
         print(f"  {json.dumps(result)}", flush=True)
         failures += "error" in result
-        runs.setdefault(key, {})["check"] = result
+        runs.setdefault(key, {})["check-avx2" if args.avx2 else "check"] = result
         args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return 1 if failures else 0
 
