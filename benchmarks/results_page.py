@@ -8,7 +8,7 @@ import functools
 import gzip
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ class Entry:
 
     seed: int
     run: Run
+    versions: dict[str, Any] = field(default_factory=dict)
+    """What the run recorded of its code (``source``, ``git-commit``), if anything."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -201,7 +203,7 @@ def entries(regime: str, name: str) -> list[Entry]:
         doc = json.loads(gzip.decompress(path.read_bytes()))
         run = Run(path, doc["config"], doc["rounds"], doc["summary"])
         if current(run, regime, name):
-            out.append(Entry(int(run.config["seed"]), run))
+            out.append(Entry(int(run.config["seed"]), run, doc.get("versions") or {}))
     return sorted(out, key=lambda e: e.seed)
 
 
@@ -250,6 +252,7 @@ def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool
         "server": "server loss before → after, ‖Δhead‖/‖head‖ (last round)",
         "adapter": "logit share / ‖ΔW‖/‖W‖ of the adapter (last round)",
         "grad-ratio": "anchor / CE gradient (last round, mean over clients)",
+        "code": "code: archived in; rerun",
     }
     head += [columns[c] for c in extra]
     rows = [(n, entries(regime, n)) for n in names]
@@ -283,6 +286,8 @@ def cell(column: str, name: str, es: list[Entry], base: dict[int, float], ratios
         return f"{ratios[algorithm]:.2f}×" if algorithm in ratios else "–"
     if column == "without-shared":
         return pm(last(es, "accuracy-without-shared"))
+    if column == "code":
+        return code_cell(es)
     if column == "round5":
         return pm([e.run.rounds[4]["accuracy"] for e in es if len(e.run.rounds) > 4])
     if column == "prior":
@@ -312,6 +317,59 @@ def cell(column: str, name: str, es: list[Entry], base: dict[int, float], ratios
         ]
         return f"{statistics.fmean(vals):.3f}" if vals else "–"
     raise ValueError(column)
+
+
+def code_cell(es: list[Entry]) -> str:
+    """Which code made the row's runs, and whether this code gives them again.
+
+    A run that recorded its code shows its commit (or source hash) and the kernels it
+    ran on; one from before shows the commit that archived it (``reproduced.json``, made
+    by ``python -m benchmarks.reproduce``) and, if one of the row's runs was rerun, what
+    the rerun found, by the CPU kernels it ran on: "AVX512 1-5 same" (every client's
+    accuracy of rounds 1-5 equal) or "AVX512 from round R (n clients, ≤ d)" (the first
+    round that differs, how many clients, the largest difference)."""
+    record = load("reproduced.json")
+    runs: dict[str, dict[str, Any]] = record.get("runs", {}) if isinstance(record, dict) else {}
+    made: list[str] = []
+    checks: list[str] = []
+    for e in es:
+        info = runs.get(archive_key(e.run.path), {})
+        if e.versions.get("source"):
+            commit = e.versions.get("git-commit")
+            dirty = "+dirty" if e.versions.get("git-dirty") else ""
+            text = f"`{commit[:7]}`{dirty}" if commit else f"source `{e.versions['source'][:8]}`"
+            kernels = (e.versions.get("machine") or {}).get("cpu-capability")
+            made.append(f"{text} ({kernels})" if kernels else text)
+        else:
+            commit = info.get("archived-in")
+            made.append(f"`{commit[:7]}`" if commit else "not recorded")
+        found = []
+        for check in (info.get("check"), info.get("check-avx2")):
+            if not check or "error" in check:
+                continue
+            at = f"`{(check.get('git-commit') or check.get('source') or '?')[:7]}`"
+            kernels = (check.get("machine") or {}).get("cpu-capability", "?")
+            diff = check.get("first-difference")
+            if diff is None:
+                found.append(f"{kernels} 1-{check['same-rounds']} same")
+            else:
+                found.append(
+                    f"{kernels} from round {diff['round']} ({diff['clients']} clients, "
+                    f"≤ {diff['max-abs']:.3f})"
+                )
+        if found:
+            checks.append(f"rerun at {at}: " + ", ".join(found))
+    text = ", ".join(dict.fromkeys(made))
+    return text + ("; " + "; ".join(checks) if checks else "; not rerun")
+
+
+def archive_key(path: Path | str) -> str:
+    """An archived run's key in ``reproduced.json``: its path under the archive."""
+    path = Path(path)
+    try:
+        return str(path.relative_to(ARCHIVE))
+    except ValueError:
+        return "/".join(path.parts[-3:])
 
 
 DEFAULT_TIERS = FedARAConfig().tiers()
@@ -457,7 +515,7 @@ def suite_section(suite: str) -> str:
         rows = [n for n in ["local", "lgfedavg", *names] if entries(regime, n)]
         if not rows:
             continue
-        out += [regime_title(regime), "", table(regime, rows, extra), ""]
+        out += [regime_title(regime), "", table(regime, rows, (*extra, "code")), ""]
         out += image(plot(suite, regime, rows[: 2 + 4], f"{suite}, {regime}"), suite, DOCS)
         if suite in ("fedre", "fedlora"):
             shared = [n for n in rows if n not in ("local",)][:4]
@@ -522,7 +580,7 @@ def summary_section() -> str:
         lines += [
             regime_title(regime) + ", sorted by mean accuracy",
             "",
-            table(regime, MAIN, ("delta-local", "compute"), sort=True),
+            table(regime, MAIN, ("delta-local", "compute", "code"), sort=True),
             "",
         ]
         es = entries(regime, "local")
