@@ -27,6 +27,7 @@ import gzip
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -36,9 +37,11 @@ from typing import Any
 __all__ = [
     "APP_PACKAGES",
     "GIT_ENV",
+    "KERNEL_ENV",
     "code_identity",
     "git_identity",
     "launch_env",
+    "machine_identity",
     "source_hash",
 ]
 
@@ -134,6 +137,45 @@ def code_identity() -> dict[str, Any]:
     }
 
 
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+"""Environment variables that change which CPU kernels torch runs (and so the last
+digits of a run's numbers); recorded when set."""
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware"):
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@functools.cache
+def machine_identity() -> dict[str, Any]:
+    """What decides a CPU run's last digits besides the code: torch's version, the
+    vector instructions torch dispatches its kernels for (``AVX512``, ``AVX2``,
+    ``DEFAULT`` on ARM ...), the processor and the architecture, and any of
+    :data:`KERNEL_ENV` that is set. The same code gives the same numbers on machines
+    with equal identities; on others they can differ from the first rounds on (e.g. the
+    same run with AVX2 instead of AVX512 kernels: a few clients one test sample apart)."""
+    import torch
+
+    identity: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cpu-capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_model(),
+        "arch": platform.machine(),
+    }
+    overrides = {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k)}
+    if overrides:
+        identity["kernel-env"] = overrides
+    return identity
+
+
 def recorded(path: Path) -> dict[str, Any]:
     """The ``versions`` a results file recorded (``.json`` or gzipped; {} if none)."""
     raw = path.read_bytes()
@@ -142,9 +184,14 @@ def recorded(path: Path) -> dict[str, Any]:
     return versions if isinstance(versions, dict) else {}
 
 
-def describe(versions: dict[str, Any], here: str | None = None) -> str:
+def describe(
+    versions: dict[str, Any],
+    here: str | None = None,
+    machine: dict[str, Any] | None = None,
+) -> str:
     """One line: the commit (and ``+dirty``), the source hash, and whether it is the
-    code ``here`` (a source hash); rows from before the identity was recorded say so."""
+    code ``here`` (a source hash); the machine it ran on, and whether its kernels are
+    ``machine``'s; rows from before the identity was recorded say so."""
     source = versions.get("source")
     if not source:
         return "code not recorded (results written before fedhet recorded its source)"
@@ -154,6 +201,15 @@ def describe(versions: dict[str, Any], here: str | None = None) -> str:
     parts.append(f"source {source[:16]}")
     if here is not None:
         parts.append("this tree's code" if source == here else "other code than this tree's")
+    ran = versions.get("machine")
+    if not isinstance(ran, dict):
+        parts.append("machine not recorded")
+    else:
+        where = f"on {ran.get('cpu-capability')} {ran.get('cpu')} ({ran.get('arch')})"
+        if machine is not None:
+            same = ran == machine
+            where += ": this machine's kernels" if same else ": other kernels than this machine's"
+        parts.append(where)
     return ", ".join(parts)
 
 
@@ -161,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
     here = source_hash()
     git = git_identity() or {}
-    tree = {"source": here, "git-commit": git.get("commit"), "git-dirty": git.get("dirty")}
+    machine = machine_identity()
+    tree = {
+        "source": here,
+        "git-commit": git.get("commit"),
+        "git-dirty": git.get("dirty"),
+        "machine": machine,
+    }
     print(f"this tree: {describe(tree)}")
     for path in paths:
         try:
@@ -169,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"{path}: not a results file ({exc})", file=sys.stderr)
             return 2
-        print(f"{path}: {describe(versions, here)}")
+        print(f"{path}: {describe(versions, here, machine)}")
     return 0
 
 

@@ -33,10 +33,12 @@ from strategies.clock import round_seconds
 
 
 def versions() -> dict[str, Any]:
-    """Installed versions of fedhet, flwr and torch, and the code that ran:
-    ``source`` (a hash of the app's sources), ``git-commit`` and ``git-dirty`` (None
-    when unknown); see :mod:`common.provenance`."""
-    from common.provenance import code_identity
+    """Installed versions of fedhet, flwr and torch, the code that ran: ``source`` (a
+    hash of the app's sources), ``git-commit`` and ``git-dirty`` (None when unknown),
+    and the ``machine`` the ServerApp ran on (torch, CPU kernels, processor; in a
+    simulation the clients' too, in a deployment each node's own is not recorded); see
+    :mod:`common.provenance`."""
+    from common.provenance import code_identity, machine_identity
 
     out: dict[str, Any] = {}
     for pkg in ("fedhet", "flwr", "torch"):
@@ -44,7 +46,7 @@ def versions() -> dict[str, Any]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "unknown"
-    return {**out, **code_identity()}
+    return {**out, **code_identity(), "machine": machine_identity()}
 
 
 def human_bytes(n: float) -> str:

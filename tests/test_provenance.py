@@ -16,7 +16,14 @@ import pytest
 import tomllib
 
 from common import provenance
-from common.provenance import APP_PACKAGES, GIT_ENV, code_identity, describe, source_hash
+from common.provenance import (
+    APP_PACKAGES,
+    GIT_ENV,
+    code_identity,
+    describe,
+    machine_identity,
+    source_hash,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,15 +140,21 @@ def test_results_record_the_code_and_old_rows_read_as_unrecorded(tmp_path: Path)
     recorded = versions()
     assert {"fedhet", "flwr", "torch", "source", "git-commit", "git-dirty"} <= set(recorded)
     assert recorded["source"] == source_hash()
+    assert recorded["machine"] == machine_identity()
     here = source_hash()
-    assert describe(recorded, here).endswith("this tree's code")
+    line = describe(recorded, here, machine_identity())
+    assert "this tree's code" in line and line.endswith(": this machine's kernels")
     old = tmp_path / "seed0.json.gz"  # an archived row from before: no source
     old.write_bytes(gzip.compress(json.dumps({"versions": {"fedhet": "0.1.0"}}).encode()))
     assert provenance.recorded(old) == {"fedhet": "0.1.0"}
     assert describe(provenance.recorded(old), here).startswith("code not recorded")
     other = tmp_path / "results.json"
     other.write_text(json.dumps({"versions": {**recorded, "source": "0" * 64}}))
-    assert describe(provenance.recorded(other), here).endswith("other code than this tree's")
+    other_kernels = {**machine_identity(), "cpu-capability": "OTHER"}
+    line = describe(provenance.recorded(other), here, other_kernels)
+    assert "other code than this tree's" in line and line.endswith(
+        "other kernels than this machine's"
+    )
     assert provenance.main([str(old), str(other)]) == 0
 
 
@@ -168,5 +181,24 @@ def test_the_archive_keeps_the_code_and_takes_rows_without_it(
     kept = {p.name: provenance.recorded(p) for p in (archive / "scarce" / "lgfedavg").iterdir()}
     assert kept == {"seed0.json.gz": new, "seed1.json.gz": {"fedhet": "0.1.0"}, "seed2.json.gz": {}}
     here = source_hash()
-    assert describe(kept["seed0.json.gz"], here).endswith("this tree's code")
+    assert "this tree's code" in describe(kept["seed0.json.gz"], here)
     assert describe(kept["seed2.json.gz"], here).startswith("code not recorded")
+
+
+def test_the_machine_names_the_kernels_torch_dispatches_and_their_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Numbers move with the CPU kernels (tests/test_reference.py shows it); the identity
+    says which ran, and that an override of them was set."""
+    import torch
+
+    machine_identity.cache_clear()
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    plain = machine_identity()
+    assert plain["cpu-capability"] == torch.backends.cpu.get_cpu_capability()
+    assert plain["torch"] == torch.__version__ and plain["arch"] and plain["cpu"]
+    assert "kernel-env" not in plain
+    machine_identity.cache_clear()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert machine_identity()["kernel-env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    machine_identity.cache_clear()
