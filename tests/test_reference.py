@@ -30,18 +30,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.reproduce import AVX2
 from common import methods
 from common.provenance import machine_identity
 from server_app.inprocess import run_inprocess
 
 REFERENCE = Path(__file__).with_name("reference_accuracies.json")
 ROOT = REFERENCE.parent.parent
-AVX2 = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-}
-"""Environment that makes torch (and oneDNN, MKL) use AVX2 kernels on an AVX512 machine."""
 FAST = ("lgfedavg", "fedre", "fedgh", "fedara")
 """Methods checked in the fast tier (about 20 s together); the rest are ``slow``."""
 LOSS_RTOL = 5e-3
