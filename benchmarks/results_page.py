@@ -542,26 +542,58 @@ def results_page() -> str:
         "predicting its majority training class scores. Column `last − local`: the row's "
         "mean minus `local`'s.",
         "",
-        "**Reproducing an archived row.** Runs archived before results recorded their "
-        "code (`versions.source`) do not all reproduce to the last digit. Found by rerunning "
-        "the archived scarce seed-0 configurations for 6 rounds at successive commits (each "
-        "commit repeats its own numbers exactly): FedGH's rounds 1-3 and 6 are the "
-        "archive's at every commit, rounds 4-5 (0.6692, 0.7005) are reproduced up to "
-        "`e8a1b90` and become 0.6695, 0.7011 from `134c13d` on, which trains the server-side "
-        "head (and FedTGP's generator) on one thread: a different order of floating-point "
-        "sums. LG-FedAvg's first two rounds (partition 36: 0.3514) are the archive's "
-        "again at the current code (FedRE was not rerun). FedARA's row was not settled: "
-        "at the current code its rounds 1-3 are the archive's and round 4 is not "
-        "(0.5632 against 0.5615); "
-        "at `cd926e8`, the commit that archived it, round 4 is and round 3 is not (0.4800 "
-        "against 0.4788); no commit tested gives every round. The archived rows are kept, "
-        "not rerun; "
-        "`tests/test_reference.py` now makes any change in numerics a visible decision.",
+        reproduction_note(),
         "",
     ]
     for suite in SUITE_TITLES:
         parts.append(suite_section(suite))
     return "\n".join(parts)
+
+
+def reproduction_note() -> str:
+    """What reruns of the archived rows found (``reproduced.json``), for the page's head."""
+    record = load("reproduced.json")
+    runs: dict[str, dict[str, Any]] = record.get("runs", {}) if isinstance(record, dict) else {}
+    checks = [i["check"] for i in runs.values() if "error" not in i.get("check", {"error": 1})]
+    if not checks:
+        return ""
+    same = sum(c["first-difference"] is None for c in checks)
+    first = (
+        statistics.median(
+            c["first-difference"]["round"] for c in checks if c["first-difference"] is not None
+        )
+        if same < len(checks)
+        else None
+    )
+    commits = sorted({(c.get("git-commit") or "?")[:7] for c in checks})
+    kernels = sorted({(c.get("machine") or {}).get("cpu-capability", "?") for c in checks})
+    rounds = sorted({c["rounds"] for c in checks})
+    return (
+        "**Which code made each row** (column `code`). Every row below was archived before "
+        "results recorded their code and machine; the column shows the commit that archived "
+        "its runs (`reproduced.json`, from git history: the code of that time, committed or "
+        "not, on the machine of that session) and what rerunning the row's first seed with "
+        f"its recorded configuration for {'/'.join(map(str, rounds))} rounds found "
+        f"(`python -m benchmarks.reproduce`, at {', '.join(f'`{c}`' for c in commits)}, "
+        f"{'/'.join(kernels)} kernels): {same} of {len(checks)} rows give every client's "
+        "accuracy of those rounds again"
+        + (f"; the others differ from round {first:g} on (median)" if first is not None else "")
+        + ". The last digits depend on the code and on the CPU kernels torch runs (the same "
+        "run with AVX2 kernels instead of AVX512 moves a few clients by one test sample): a "
+        "row that differs was made by other code or on another machine. Found so far: "
+        "numbers a rerun on another machine gave (FedGH round 2 0.5618 for 0.5627, LG-FedAvg "
+        "partition 36 round 1 0.3649 for 0.3514, FedARA round 3 0.4794 for 0.4788) are "
+        "exactly what this code gives here with AVX2 kernels (`--avx2`, shown as AVX2): "
+        "that machine's kernels, not a change of code. On one machine, FedGH's rounds 4-5 "
+        "(mean accuracy 0.6692, 0.7005) move at `134c13d` (0.6695, 0.7011), which trains "
+        "the server-side head (and FedTGP's generator) on one thread: another order of "
+        "floating-point sums (found by rerunning 6 rounds at successive commits, each of "
+        "which repeats its own numbers). FedARA's default row is given neither by AVX512 "
+        "kernels at any commit tested nor by AVX2 kernels at the current code: made on "
+        "other kernels or by uncommitted code. The rows are "
+        "kept as archived and marked, not rerun; new runs record their code and machine, "
+        "and `tests/test_reference.py` makes a change of numerics a visible decision."
+    )
 
 
 def summary_section() -> str:
