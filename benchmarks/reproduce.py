@@ -57,6 +57,11 @@ def load_archived(path: Path) -> dict[str, Any]:
     return doc
 
 
+def recorded_code(path: Path) -> bool:
+    """The archived run recorded the code that made it (``versions.source``)."""
+    return bool(load_archived(path).get("versions", {}).get("source"))
+
+
 def archived_in(path: Path, root: Path = ROOT) -> str | None:
     """The last commit that added or changed ``path`` (renames followed), or None
     outside a git checkout."""
@@ -181,11 +186,15 @@ def main() -> int:
     args = ap.parse_args()
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     runs: dict[str, dict[str, Any]] = doc.setdefault("runs", {})
+    unrecorded = set()
     for path in sorted(ARCHIVE.glob("*/*/*.json.gz")):
-        if path.parts[-3] == "fleet" or load_archived(path).get("versions", {}).get("source"):
+        if path.parts[-3] == "fleet" or recorded_code(path):
             continue
         key = str(path.relative_to(ARCHIVE))
+        unrecorded.add(key)
         runs.setdefault(key, {})["archived-in"] = archived_in(path)
+    for key in set(runs) - unrecorded:  # archived again with its code, or removed:
+        del runs[key]  # what was found about the old file no longer applies
     args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     if args.provenance_only:
         return 0
@@ -193,6 +202,8 @@ def main() -> int:
     only = [n for n in args.only.split(",") if n] or None
     failures = 0
     for regime, path in shown_runs(regimes, only):
+        if recorded_code(path):
+            continue  # a run that records its code needs no rerun to say which made it
         key = str(path.relative_to(ARCHIVE))
         slot = "check-avx2" if args.avx2 else "check"
         if args.skip_checked and slot in runs.get(key, {}):

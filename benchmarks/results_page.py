@@ -333,7 +333,7 @@ def code_cell(es: list[Entry]) -> str:
     made: list[str] = []
     checks: list[str] = []
     for e in es:
-        info = runs.get(archive_key(e.run.path), {})
+        info = {} if e.versions.get("source") else runs.get(archive_key(e.run.path), {})
         if e.versions.get("source"):
             commit = e.versions.get("git-commit")
             dirty = "+dirty" if e.versions.get("git-dirty") else ""
@@ -360,7 +360,10 @@ def code_cell(es: list[Entry]) -> str:
         if found:
             checks.append(f"rerun at {at}: " + ", ".join(found))
     text = ", ".join(dict.fromkeys(made))
-    return text + ("; " + "; ".join(checks) if checks else "; not rerun")
+    if checks:
+        return text + "; " + "; ".join(checks)
+    unrecorded = any(not e.versions.get("source") for e in es)
+    return text + ("; not rerun" if unrecorded else "")
 
 
 def archive_key(path: Path | str) -> str:

@@ -125,9 +125,11 @@ def test_the_code_column_says_what_made_a_row_and_what_its_rerun_found(
         "`bbbbbbb`; rerun at `ccccccc`: AVX512 1-5 same"
     )
     new = {"source": "d" * 64, "git-commit": "e" * 40, "git-dirty": True}
-    assert code_cell([_entry(tmp_path, "new", 0, new)]) == "`eeeeeee`+dirty; not rerun"
+    assert code_cell([_entry(tmp_path, "new", 0, new)]) == "`eeeeeee`+dirty"
     new["machine"] = {"cpu-capability": "AVX512"}
-    assert code_cell([_entry(tmp_path, "new", 0, new)]) == "`eeeeeee`+dirty (AVX512); not rerun"
+    assert code_cell([_entry(tmp_path, "new", 0, new)]) == "`eeeeeee`+dirty (AVX512)"
+    mixed = [_entry(tmp_path, "new", 0, new), _entry(tmp_path, "lost", 1, {})]
+    assert code_cell(mixed) == "`eeeeeee`+dirty (AVX512), not recorded; not rerun"
     assert code_cell([_entry(tmp_path, "lost", 0, {})]) == "not recorded; not rerun"
 
 
@@ -143,6 +145,9 @@ def test_every_archived_run_without_its_code_has_its_archiving_commit() -> None:
             unrecorded.add(str(path.relative_to(results_page.ARCHIVE)))
     assert unrecorded, "the archive has runs from before results recorded their code"
     assert {k for k, v in record.items() if v.get("archived-in")} >= unrecorded
-    assert all((results_page.ARCHIVE / key).is_file() for key in record), "a stale entry"
+    # and nothing else: a run archived again with its code recorded has no entry left
+    assert set(record) == unrecorded, (
+        "stale entries: python -m benchmarks.reproduce --provenance-only"
+    )
     for info in record.values():
         assert len(info["archived-in"]) == 40
