@@ -4,6 +4,7 @@ config for a few rounds and compare every client's accuracy with the archive's.
     python -m benchmarks.reproduce                       # every shown row, its first seed
     python -m benchmarks.reproduce --rounds 2 --only fedgh,fedara --regime scarce
     python -m benchmarks.reproduce --provenance-only     # only the archiving commits
+    python -m benchmarks.reproduce --avx2 scarce/fedgh/seed1.json.gz  # one run, AVX2
 
 A key added after a run was made takes the value that run had (``ADDED`` of
 ``benchmarks/results_page.py``, as the tables assume). Writes
@@ -183,6 +184,9 @@ def main() -> int:
         help="rerun with AVX2 kernels (recorded as check-avx2): another machine, emulated",
     )
     ap.add_argument("--out", type=Path, default=REPRODUCED)
+    ap.add_argument(
+        "runs", nargs="*", help="archived runs to rerun (paths under docs/results/archive)"
+    )
     args = ap.parse_args()
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     runs: dict[str, dict[str, Any]] = doc.setdefault("runs", {})
@@ -201,7 +205,8 @@ def main() -> int:
     regimes = list(REGIMES) if args.regime == "all" else [args.regime]
     only = [n for n in args.only.split(",") if n] or None
     failures = 0
-    for regime, path in shown_runs(regimes, only):
+    todo = [(Path(r).parts[0], ARCHIVE / r) for r in args.runs] or shown_runs(regimes, only)
+    for regime, path in todo:
         if recorded_code(path):
             continue  # a run that records its code needs no rerun to say which made it
         key = str(path.relative_to(ARCHIVE))

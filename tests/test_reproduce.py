@@ -98,7 +98,7 @@ def test_the_code_column_says_what_made_a_row_and_what_its_rerun_found(
                     "first-difference": {"round": 4, "clients": 2, "max-abs": 0.0125},
                 },
                 "check-avx2": {
-                    "git-commit": "c" * 40,
+                    "git-commit": "f" * 40,
                     "machine": {"cpu-capability": "AVX2"},
                     "same-rounds": 5,
                     "first-difference": None,
@@ -119,7 +119,8 @@ def test_the_code_column_says_what_made_a_row_and_what_its_rerun_found(
     monkeypatch.setattr(results_page, "load", lambda name: record)
     old = [_entry(tmp_path, "old", s, {"fedhet": "0.1.0"}) for s in (0, 1)]
     assert code_cell(old) == (
-        "`aaaaaaa`; rerun at `ccccccc`: AVX512 from round 4 (2 clients, ≤ 0.013), AVX2 1-5 same"
+        "`aaaaaaa`; rerun at `ccccccc`: AVX512 from round 4 (2 clients, ≤ 0.013); "
+        "at `fffffff`: AVX2 1-5 same"
     )
     assert code_cell([_entry(tmp_path, "same", 0, {})]) == (
         "`bbbbbbb`; rerun at `ccccccc`: AVX512 1-5 same"
