@@ -66,7 +66,9 @@ def test_two_rounds_produce_complete_results(tmp_path: Path, algorithm: str) -> 
         assert row["train-clients"] == 3
     assert set(res["summary"]) >= SUMMARY_KEYS
     assert res["config"]["algorithm"] == algorithm
-    assert set(res["versions"]) == {"fedhet", "flwr", "torch", "source", "git-commit", "git-dirty"}
+    assert set(res["versions"]) == {
+        *("fedhet", "flwr", "torch", "source", "git-commit", "git-dirty", "machine")
+    }
 
 
 def test_lgfedavg_uploads_exactly_the_head(tmp_path: Path) -> None:
