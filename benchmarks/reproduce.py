@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_page import ADDED, ARCHIVE, DOCS, entries, spec_of
+from benchmarks.results_page import ADDED, ARCHIVE, DOCS, archive_key, entries, spec_of
 from benchmarks.suites import REGIMES, ROOT
 from cli.launch import Scalar, run_simulation
-from common.provenance import code_identity
+from common.provenance import code_identity, recorded
 
 REPRODUCED = DOCS / "reproduced.json"
 AVX2 = {
@@ -60,7 +60,7 @@ def load_archived(path: Path) -> dict[str, Any]:
 
 def recorded_code(path: Path) -> bool:
     """The archived run recorded the code that made it (``versions.source``)."""
-    return bool(load_archived(path).get("versions", {}).get("source"))
+    return bool(recorded(path).get("source"))
 
 
 def archived_in(path: Path, root: Path = ROOT) -> str | None:
@@ -86,7 +86,7 @@ def archived_in(path: Path, root: Path = ROOT) -> str | None:
         )
     except OSError:
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def compare(archived: list[dict[str, Any]], rerun: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def check(
         }
     rerun = json.loads((work / "out" / "results.json").read_text())
     if keep is not None:  # the rerun's results.json, for a closer look
-        dest = keep / str(path.relative_to(ARCHIVE)).removesuffix(".gz")
+        dest = keep / archive_key(path).removesuffix(".gz")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "out" / "results.json", dest)
     versions = rerun.get("versions", {})  # the code that ran, as the ServerApp recorded it
@@ -194,7 +194,7 @@ def main() -> int:
     for path in sorted(ARCHIVE.glob("*/*/*.json.gz")):
         if path.parts[-3] == "fleet" or recorded_code(path):
             continue
-        key = str(path.relative_to(ARCHIVE))
+        key = archive_key(path)
         unrecorded.add(key)
         runs.setdefault(key, {})["archived-in"] = archived_in(path)
     for key in set(runs) - unrecorded:  # archived again with its code, or removed:
@@ -209,7 +209,7 @@ def main() -> int:
     for regime, path in todo:
         if recorded_code(path):
             continue  # a run that records its code needs no rerun to say which made it
-        key = str(path.relative_to(ARCHIVE))
+        key = archive_key(path)
         slot = "check-avx2" if args.avx2 else "check"
         if args.skip_checked and slot in runs.get(key, {}):
             continue

@@ -88,7 +88,8 @@ class Entry:
     seed: int
     run: Run
     versions: dict[str, Any] = field(default_factory=dict)
-    """What the run recorded of its code (``source``, ``git-commit``), if anything."""
+    """What the run recorded of its code and machine (``source``, ``git-commit``,
+    ``machine``), if anything."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -328,12 +329,11 @@ def code_cell(es: list[Entry]) -> str:
     the rerun found, by the CPU kernels it ran on: "AVX512 1-5 same" (every client's
     accuracy of rounds 1-5 equal) or "AVX512 from round R (n clients, ≤ d)" (the first
     round that differs, how many clients, the largest difference)."""
-    record = load("reproduced.json")
-    runs: dict[str, dict[str, Any]] = record.get("runs", {}) if isinstance(record, dict) else {}
+    runs = reproduced_runs()
     made: list[str] = []
     checks: list[str] = []
     for e in es:
-        info = {} if e.versions.get("source") else runs.get(archive_key(e.run.path), {})
+        info: dict[str, Any] = {}
         if e.versions.get("source"):
             commit = e.versions.get("git-commit")
             dirty = "+dirty" if e.versions.get("git-dirty") else ""
@@ -341,6 +341,7 @@ def code_cell(es: list[Entry]) -> str:
             kernels = (e.versions.get("machine") or {}).get("cpu-capability")
             made.append(f"{text} ({kernels})" if kernels else text)
         else:
+            info = runs.get(archive_key(e.run.path), {})
             commit = info.get("archived-in")
             made.append(f"`{commit[:7]}`" if commit else "not recorded")
         found: dict[str, list[str]] = {}  # by the commit the rerun ran at
@@ -370,11 +371,13 @@ def code_cell(es: list[Entry]) -> str:
 
 def archive_key(path: Path | str) -> str:
     """An archived run's key in ``reproduced.json``: its path under the archive."""
-    path = Path(path)
-    try:
-        return str(path.relative_to(ARCHIVE))
-    except ValueError:
-        return "/".join(path.parts[-3:])
+    return str(Path(path).relative_to(ARCHIVE))
+
+
+def reproduced_runs() -> dict[str, dict[str, Any]]:
+    """``reproduced.json``'s runs (``python -m benchmarks.reproduce``), {} without it."""
+    record = load("reproduced.json")
+    return dict(record.get("runs", {})) if isinstance(record, dict) else {}
 
 
 DEFAULT_TIERS = FedARAConfig().tiers()
@@ -557,8 +560,7 @@ def results_page() -> str:
 
 def reproduction_note() -> str:
     """What reruns of the archived rows found (``reproduced.json``), for the page's head."""
-    record = load("reproduced.json")
-    runs: dict[str, dict[str, Any]] = record.get("runs", {}) if isinstance(record, dict) else {}
+    runs = reproduced_runs()
     checks = [  # rows' runs (seed<k>), not the older runs kept beside them
         info["check"]
         for key, info in runs.items()
