@@ -384,7 +384,13 @@ def federation(
     completed."""
     from cli.federation import Federation
     from cli.linkproxy import node_links
+    from common import flower_gate
 
+    for found in (flower_gate.verdict(p.name) for p in flower_gate.PARTS):
+        if not found.fits and (found.part.name != "warm-executor" or not cold):
+            typer.echo(found.line(), err=True)  # the nodes' logs say it too
+            if found.part.fallback is None:
+                raise typer.Exit(1)
     try:
         links = node_links(nodes, link, delay_ms, up_mbps, down_mbps)
     except ValueError as exc:

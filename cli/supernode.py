@@ -70,6 +70,14 @@ STOP_CHECK_S = 2.0
 """While its task runs, a SuperNode asks the SuperLink this often whether the task's
 run still runs (one small Fleet request per node; Flower's own node heartbeat is
 every 30 s). A stopped run's task ends on the node within this time."""
+REPLY_GRACE_S = 5.0
+"""A task its node has finished and that left no reply this long gets an error reply
+(:meth:`RunWatch.push`): its child died without a word, or this Flower stores replies
+where fedhet does not look. Never a silent wait."""
+TASK_START_S = 120.0
+"""A task no executor has taken this long (env ``FEDHET_TASK_START_S``) is failed with
+an error reply that says so: the node's ``fedhet superexec`` is not running, or cannot
+reach it."""
 WARM_MARGIN_S = 0.5
 """:class:`WarmConnections`: a node reuses a connection until this (plus a round
 trip) before the SuperLink closes it, and opens the connections its next message
@@ -372,25 +380,30 @@ class HeldTasks:
 class FailedTasks:
     """The SuperNode's ``push_task_output`` handler (Runtime API): a ClientApp task
     finished as failed (the warm executor reports a task child that died) gets an
-    error reply for its message at once, as Flower's node does only when the task's
-    token expires (about 60 s later); everything else is Flower's own handler."""
+    error reply for its message at once (:meth:`RunWatch.fail`), as Flower's node does
+    only when the task's token expires (about 60 s later); everything else is
+    Flower's own handler."""
 
     def __init__(
-        self, push: Callable[..., Any], on_failed: Callable[[], None] | None = None
+        self,
+        push: Callable[..., Any],
+        fail: Callable[[Any, str], bool],
+        on_failed: Callable[[], None] | None = None,
     ) -> None:
-        self._push, self._on_failed = push, on_failed
+        self._push, self._fail, self._on_failed = push, fail, on_failed
 
     def __call__(self, request: Any, state: Any, task: Any) -> Any:
         answer = self._push(request, state, task)
         failed = flower_internal("flwr.common.constant", "SubStatus").FAILED
         client_app = flower_internal("flwr.supercore.constant", "TaskType").CLIENT_APP
         if request.sub_status == failed and task.type == client_app:
-            crashed = flower_internal(NODE_STATE, "CLIENT_APP_CRASHED_ERROR")
-            error = type(crashed)(code=crashed.code, reason=f"ClientApp crashed: {request.details}")
-            state._store_error_replies({task.run_id}, error)
-            log(
-                INFO, "fedhet: task %d failed (%s): error reply sent", task.task_id, request.details
-            )
+            if self._fail(state, f"ClientApp crashed: {request.details}"):
+                log(
+                    INFO,
+                    "fedhet: task %d failed (%s): error reply sent",
+                    task.task_id,
+                    request.details,
+                )
             if self._on_failed is not None:
                 self._on_failed()
         return answer
@@ -413,6 +426,74 @@ class _TakenReplies:
         return getattr(self._state, name)
 
 
+class Inbox:
+    """Where the installed Flower's SuperNode loop keeps its messages, for
+    :class:`RunWatch` (the gate's ``inbox`` fact of the checked version).
+
+    * ``legacy`` (flwr 1.42.0): the node state's ``msg_store``; replies are found with
+      ``get_messages_legacy(is_reply=True)`` (which hands each out once), dropped with
+      ``delete_messages``, error replies stored by ``_store_error_replies``.
+    * ``store`` (flwr 1.43 nightly): the core state's message store; replies are the
+      messages addressed to the SuperLink (``get_messages(dst_node_id=...)``, which
+      hands nothing out), dropped with ``cancel_messages``, error replies stored there
+      as the loop's own ``_insert_message`` stores a reply (that Flower's
+      ``_store_error_replies`` still writes to the old store, which its loop no longer
+      reads: a crashed ClientApp's token expiry never reaches the SuperLink).
+    """
+
+    FLAVOURS = ("legacy", "store")
+
+    def __init__(self, flavour: str) -> None:
+        if flavour not in self.FLAVOURS:
+            raise ValueError(f"inbox {flavour!r}: one of {self.FLAVOURS}")
+        self.flavour = flavour
+
+    def replies(self, state: Any) -> list[Any]:
+        """The replies waiting to go to the SuperLink."""
+        if self.flavour == "legacy":
+            return list(state.get_messages_legacy(is_reply=True))
+        to_link = flower_internal("flwr.common.constant", "SUPERLINK_NODE_ID")
+        return list(state.get_messages(dst_node_id=to_link))
+
+    def for_push(self, state: Any, replies: list[Any]) -> Any:
+        """The state Flower's ``_push_messages`` gets: one that finds ``replies``."""
+        return _TakenReplies(state, replies) if self.flavour == "legacy" else state
+
+    def drop(self, state: Any, store: Any, message_ids: list[str]) -> None:
+        """Forget messages (and their objects)."""
+        if not message_ids:
+            return
+        if self.flavour == "legacy":
+            state.delete_messages(message_ids=list(message_ids))
+            for message_id in message_ids:
+                store.delete(message_id)
+        else:
+            state.cancel_messages(message_ids=list(message_ids))
+
+    def error_reply(self, state: Any, store: Any, message: Any, reason: str) -> None:
+        """Store an error reply (ClientApp crashed, ``reason``) to ``message``."""
+        crashed = flower_internal(NODE_STATE, "CLIENT_APP_CRASHED_ERROR")
+        error = type(crashed)(code=crashed.code, reason=reason)
+        if self.flavour == "legacy":
+            # a message no task has taken yet is handed out here, so it gets its reply
+            state.get_messages_legacy(run_ids=[message.metadata.run_id], is_reply=False)
+            state._store_error_replies({message.metadata.run_id}, error)
+            return
+        from flwr.app import Message
+
+        objects = "flwr.supercore.inflatable.inflatable_object"
+        reply = Message(error, reply_to=message)
+        with flower_internal(objects, "no_object_id_recompute")():
+            reply.metadata.__dict__["_message_id"] = reply.object_id
+            if not state.store_messages([message, reply])[1]:
+                raise RuntimeError("the node state refused the error reply")
+            store.preregister(
+                reply.metadata.run_id, flower_internal(objects, "get_object_tree")(reply)
+            )
+            for object_id, obj in flower_internal(objects, "get_all_nested_objects")(reply).items():
+                store.put(object_id, obj.deflate())
+
+
 class _NotesCreated:
     """A node state that notes the tasks it creates and the instruction messages it
     stores (for :meth:`RunWatch.pull` to undo them); all else is the state's."""
@@ -430,9 +511,18 @@ class _NotesCreated:
 
     def store_message(self, message: Any) -> Any:
         stored = self._state.store_message(message)
-        if not message.metadata.reply_to_message_id:
-            self.messages.append(message.metadata.message_id)
+        self._note([message])
         return stored
+
+    def store_messages(self, messages: Any) -> Any:
+        stored = self._state.store_messages(messages)
+        self._note(messages)
+        return stored
+
+    def _note(self, messages: Any) -> None:
+        self.messages += [
+            m.metadata.message_id for m in messages if not m.metadata.reply_to_message_id
+        ]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._state, name)
@@ -449,6 +539,12 @@ class _RingsOnStore:
     def store_message(self, message: Any) -> Any:
         stored = self._state.store_message(message)
         if not message.metadata.reply_to_message_id:
+            self._ring()
+        return stored
+
+    def store_messages(self, messages: Any) -> Any:
+        stored = self._state.store_messages(messages)
+        if any(not m.metadata.reply_to_message_id for m in messages):
             self._ring()
         return stored
 
@@ -486,8 +582,25 @@ class RunWatch:
         confirm_along: bool = False,
         on_receive_s: Callable[[float], None] | None = None,
         on_waiting: Callable[[], None] | None = None,
+        inbox: Inbox | None = None,
+        reply_grace_s: float = REPLY_GRACE_S,
+        start_bound_s: float | None = None,
     ) -> None:
         self._pull, self._push = pull, push
+        self.inbox = inbox if inbox is not None else Inbox("legacy")
+        self.reply_grace_s = reply_grace_s
+        self.start_bound_s = (
+            float(os.environ.get("FEDHET_TASK_START_S", TASK_START_S))
+            if start_bound_s is None
+            else start_bound_s
+        )
+        self.message: Any = None
+        """The instruction message in progress (its error reply's ``reply_to``)."""
+        self.task_ids: list[int] = []
+        self.pulled_at = 0.0
+        self._ended_at: float | None = None
+        self._state: Any = None
+        self._store: Any = None
         self._on_receive_s, self._on_waiting = on_receive_s, on_waiting
         self._on_message, self._on_stop = on_message, on_stop
         self._on_stored, self._confirm_along = on_stored, confirm_along
@@ -522,6 +635,7 @@ class RunWatch:
             if self._on_receive_s is not None:
                 self._on_receive_s(time.monotonic() - start)
             if got is not None:
+                self.message = got[0]
                 received.append(got[0].metadata.message_id)
                 kinds.append(str(got[0].metadata.message_type).split(".")[0])
             return got
@@ -538,10 +652,13 @@ class RunWatch:
             bound.arguments["confirm_message_received"] = self._confirm_later(
                 bound.arguments["confirm_message_received"]
             )
+        self._state, self._store = state, bound.arguments.get("object_store")
         run_id = self._pull(*bound.args, **bound.kwargs)
         if run_id is None and noted is not None and noted.tasks:
             self._abandon(state, bound.arguments.get("object_store"), noted)
         self.run_id = run_id
+        self.task_ids = list(noted.tasks) if noted is not None and run_id is not None else []
+        self.pulled_at, self._ended_at = self._clock(), None
         self.message_ids = received if run_id is not None else []
         if run_id is not None and self._on_message is not None:
             self._on_message(kinds[0] if kinds else "")
@@ -566,11 +683,8 @@ class RunWatch:
                 t.task_id, sub_status=stopped, details="its run stopped while its message arrived"
             )
         ]
-        if noted.messages:
-            state.delete_messages(message_ids=list(noted.messages))
-            if store is not None:
-                for message_id in noted.messages:
-                    store.delete(message_id)
+        if noted.messages and store is not None:
+            self.inbox.drop(state, store, list(noted.messages))
         if ended:
             log(
                 INFO,
@@ -610,9 +724,12 @@ class RunWatch:
 
     def push(self, *args: Any, **kwargs: Any) -> None:
         """Flower's ``_push_messages``, or a return without a reply once the task's
-        run is no longer running."""
+        run is no longer running. Every ``interval`` it also checks that a reply can
+        still come (:meth:`stalled`); when none can, the message gets an error reply
+        with the cause, which the ServerApp logs for this node."""
         bound = self._push_sig.bind(*args, **kwargs)
         state, store = bound.arguments["state"], bound.arguments["object_store"]
+        self._state, self._store = state, store
         next_check = self._clock() + self.interval
         while not (replies := self._fresh(state, store)):
             if self._on_waiting is not None:
@@ -621,11 +738,65 @@ class RunWatch:
                 if not self.running():
                     self._stop(state, store)
                     return
+                if (cause := self.stalled(state)) is not None:
+                    self.fail(state, cause)
+                    continue
                 next_check = self._clock() + self.interval
             self._sleep(FLOWER_REPLY_WAIT_S)
         self.confirmed()
-        bound.arguments["state"] = _TakenReplies(state, replies)
+        bound.arguments["state"] = self.inbox.for_push(state, replies)
         self._push(*bound.args, **bound.kwargs)
+
+    def stalled(self, state: Any) -> str | None:
+        """Why the message in progress can get no reply by itself (None: it can):
+        its task ended :data:`REPLY_GRACE_S` ago without one, or no executor took it
+        within ``start_bound_s``."""
+        if not self.task_ids:
+            return None
+        status = flower_internal("flwr.common.constant", "Status")
+        tasks = list(state.get_tasks(task_ids=list(self.task_ids)))
+        now = self._clock()
+        pending = [t for t in tasks if t.status.status == status.PENDING]
+        if pending and now - self.pulled_at > self.start_bound_s:
+            failed = flower_internal("flwr.common.constant", "SubStatus").FAILED
+            cause = (
+                f"no executor took its task in {self.start_bound_s:.0f} s (is this node's "
+                "`fedhet superexec` running, with the node's --superexec-auth-secret-file?)"
+            )
+            for task in pending:
+                state.finish_task(task.task_id, sub_status=failed, details=cause)
+            return cause
+        if any(t.status.status != status.FINISHED for t in tasks):
+            self._ended_at = None
+            return None
+        if self._ended_at is None:
+            self._ended_at = now
+            return None
+        if now - self._ended_at < self.reply_grace_s:
+            return None
+        last = tasks[-1].status if tasks else None
+        how = f" ({last.sub_status}: {last.details})" if last is not None and last.details else ""
+        return f"its task ended{how} and left no reply for {self.reply_grace_s:.0f} s"
+
+    def fail(self, state: Any, cause: str) -> bool:
+        """Give the message in progress an error reply carrying ``cause`` (logged);
+        False when there is none (or the reply could not be stored)."""
+        if self.message is None or not self.message_ids:
+            return False
+        try:
+            self.inbox.error_reply(state, self._store, self.message, cause)
+        except Exception as exc:  # noqa: BLE001 - say so; Flower's token expiry remains
+            log(WARNING, "fedhet: could not store an error reply (%s): %s", cause, exc)
+            return False
+        self.task_ids = []
+        log(
+            WARNING,
+            "fedhet: message %s (%s): %s; error reply sent",
+            self.message.metadata.message_id[:12],
+            self.message.metadata.message_type,
+            cause,
+        )
+        return True
 
     def running(self) -> bool:
         """Whether the run of the message in progress is still running (True when it
@@ -646,11 +817,10 @@ class RunWatch:
     def _fresh(self, state: Any, store: Any) -> list[Any]:
         """Replies in ``state``; late replies of stopped runs are deleted instead."""
         replies = []
-        for reply in state.get_messages_legacy(is_reply=True):
+        for reply in self.inbox.replies(state):
             if reply.metadata.reply_to_message_id in self.dropped:
                 self.dropped.discard(reply.metadata.reply_to_message_id)
-                state.delete_messages(message_ids=[reply.metadata.message_id])
-                store.delete(reply.metadata.message_id)
+                self.inbox.drop(state, store, [reply.metadata.message_id])
                 log(INFO, "fedhet: dropped a late reply of stopped run %s", reply.metadata.run_id)
             else:
                 replies.append(reply)
@@ -668,9 +838,7 @@ class RunWatch:
             for t in tasks
             if state.finish_task(t.task_id, sub_status=stopped, details="the run was stopped")
         ]
-        state.delete_messages(message_ids=list(self.message_ids))
-        for message_id in self.message_ids:
-            store.delete(message_id)
+        self.inbox.drop(state, store, list(self.message_ids))
         self.dropped.update(self.message_ids)
         log(
             INFO,
@@ -690,20 +858,35 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     seconds, its idle pull (3 s) paced by :class:`PacedSleep`, its object pulls with
     :data:`PULL_BACKOFF`, its executor's task requests held (:class:`HeldTasks`), and
     the run of its task in progress watched by :class:`RunWatch` (same flags).
-    ``FEDHET_NODE_POLL=fast``: the polling fedhet had before (no held requests)."""
+    ``FEDHET_NODE_POLL=fast``: the polling fedhet had before (no held requests).
+
+    Each change is a part of :mod:`common.flower_gate`: one that does not fit the
+    installed Flower is left out with one warning line (Flower's own behaviour)."""
+    from common import flower_gate as gate
+
+    gate.use("entry-points")
     name = "flwr.supernode.start_client_internal"
     module = importlib.import_module(name)
     fast = fast_polls()
     early, along = switch("FEDHET_EARLY_TASK"), switch("FEDHET_CONFIRM_ALONG")
-    paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
-    setattr(module, "time", paced)  # noqa: B010
+    paced: PacedSleep | None = None
+    if gate.use("node-polling"):
+        paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
+        setattr(module, "time", paced)  # noqa: B010
     count = object_concurrency()
     warm: WarmConnections | None = None
-    if count is None:
+    if not gate.use("node-objects"):
+        count = None
+    elif count is None:
         fast_object_pulls(name, "pull_objects")
     else:
         concurrent_objects(name, "pull_objects", "push_object_contents_from_iterable", count=count)
-        if not fast and switch("FEDHET_WARM_CONNECTIONS"):
+        if (
+            not fast
+            and paced is not None
+            and switch("FEDHET_WARM_CONNECTIONS")
+            and gate.use("warm-connections")
+        ):
             warm = WarmConnections(count)
             attach_client(warm)
             pull, push = warm.counting(
@@ -715,35 +898,46 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             paced.before_idle = warm_before_idle(warm)
     held: HeldTasks | None = None
     handlers = importlib.import_module(RUNTIME_HANDLERS)
-    if not fast:
+    watching = gate.use("run-watch")  # held requests are woken by the watch's rings
+    if not fast and watching and gate.use("held-tasks"):
         held = HeldTasks(flower_internal(RUNTIME_HANDLERS, "acquire_task"))
         setattr(handlers, "acquire_task", held)  # noqa: B010
-    failed = FailedTasks(
-        flower_internal(RUNTIME_HANDLERS, "push_task_output"),
-        on_failed=held.ring if held is not None else None,
-    )
-    setattr(handlers, "push_task_output", failed)  # noqa: B010
+    if watching:
+        watch = RunWatch(
+            flower_internal(name, "_pull_and_store_message"),
+            flower_internal(name, "_push_messages"),
+            sleep=paced.sleep if paced is not None else time.sleep,
+            on_message=_arrived(paced, held),
+            on_stop=held.ring if held is not None else None,
+            on_stored=held.ring if held is not None and early else None,
+            confirm_along=along,
+            on_receive_s=warm.note_rtt if warm is not None else None,
+            on_waiting=warm_while_working(warm) if warm is not None else None,
+            inbox=Inbox(gate.fact("run-watch", "inbox")),
+        )
+        setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
+        setattr(module, "_push_messages", watch.push)  # noqa: B010
+        if gate.use("failed-tasks"):
+            failed = FailedTasks(
+                flower_internal(RUNTIME_HANDLERS, "push_task_output"),
+                watch.fail,
+                on_failed=held.ring if held is not None else None,
+            )
+            setattr(handlers, "push_task_output", failed)  # noqa: B010
+    sys.argv = ["flower-supernode", *argv]
+    flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+def _arrived(paced: PacedSleep | None, held: HeldTasks | None) -> Callable[[str], None]:
+    """What the node does as a message arrives: note its gap, wake a held request."""
 
     def arrived(kind: str) -> None:
-        paced.arrived(kind)
+        if paced is not None:
+            paced.arrived(kind)
         if held is not None:
             held.ring()
 
-    watch = RunWatch(
-        flower_internal(name, "_pull_and_store_message"),
-        flower_internal(name, "_push_messages"),
-        sleep=paced.sleep,
-        on_message=arrived,
-        on_stop=held.ring if held is not None else None,
-        on_stored=held.ring if held is not None and early else None,
-        confirm_along=along,
-        on_receive_s=warm.note_rtt if warm is not None else None,
-        on_waiting=warm_while_working(warm) if warm is not None else None,
-    )
-    setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
-    setattr(module, "_push_messages", watch.push)  # noqa: B010
-    sys.argv = ["flower-supernode", *argv]
-    flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+    return arrived
 
 
 def settled(sock: Any, wait_s: float) -> bool:

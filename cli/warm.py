@@ -86,12 +86,34 @@ HELD_S = 0.5
 a task is there): the executor asks again without waiting."""
 
 
-def _clientapp_child(argv: list[str], quiet: bool, finishing: Any = None) -> None:
+def _clientapp_child(
+    argv: list[str], quiet: bool, finishing: Any = None, cause: Any = None
+) -> None:
     """A forked child: Flower's own ``flwr-clientapp`` for one task (its object pulls
     from its node with :data:`common.flower_runtime.LOCAL_PULL_BACKOFF`). ``finishing``
     (an event) is set as the child reports its task's end to the node: from then on the
     task is finished there while the child still exits, and the executor sends no more
-    heartbeats for it."""
+    heartbeats for it. An exception that ends the child is written, as one line, to
+    ``cause`` (a shared char array: the executor's report to the node carries it) and
+    to the executor's log."""
+    try:
+        _run_clientapp_child(argv, quiet, finishing)
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            raise
+        line = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+        if cause is not None:
+            cause.value = line.encode("utf-8", "replace")[: len(cause) - 1]
+        with contextlib.suppress(OSError):
+            os.write(_STDERR_FD, f"fedhet warm executor: task child failed: {line}\n".encode())
+        raise
+
+
+_STDERR_FD = os.dup(2) if hasattr(os, "dup") else 2
+"""The executor's own stderr (its log), kept before a quiet child silences fd 2."""
+
+
+def _run_clientapp_child(argv: list[str], quiet: bool, finishing: Any) -> None:
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"  # its exit path would wait up to 4 s
     before = set(sys.modules)
     from common.flower_runtime import LOCAL_PULL_BACKOFF, fast_object_pulls, flower_internal
@@ -156,6 +178,8 @@ class TaskChild:
     next_beat: float = 0.0
     finishing: Any = None
     """Event the child sets as it reports its task's end (then it is not checked)."""
+    cause: Any = None
+    """The error that ended the child, as one line (a shared char array)."""
     finished_at: float | None = None
     """When the node first answered that this task is finished."""
     terminated_at: float | None = None
@@ -186,6 +210,11 @@ class WarmExecutor:
     def __init__(
         self, heartbeat: Callable[[Any], Callable[[], bool | None]] | None = TaskBeat
     ) -> None:
+        # the task heartbeats are a gated part of their own: without it, no heartbeats
+        from common import flower_gate
+
+        if heartbeat is TaskBeat and not flower_gate.use("task-beats"):
+            heartbeat = None
         from common.flower_runtime import flower_internal, log
 
         self._log = log  # Flower's logger (tests replace it)
@@ -265,14 +294,15 @@ class WarmExecutor:
         argv, quiet = flower_command(spec)
         try:
             finishing = self._ctx.Event()
-            child = self._ctx.Process(target=_clientapp_child, args=(argv, quiet, finishing))
+            cause = self._ctx.Array("c", 512)
+            child = self._ctx.Process(target=_clientapp_child, args=(argv, quiet, finishing, cause))
             child.start()
         except Exception as exc:  # noqa: BLE001 - a dead parent must not stop the node
             self._log(ERROR, "fedhet warm executor could not start task %d: %s", spec.task_id, exc)
             return self._result.failed(f"fedhet warm executor: {exc}")
         beat = self._heartbeat(spec) if self._heartbeat is not None else None
         self._children.append(
-            TaskChild(spec.task_id, child, beat, time.monotonic() + TASK_BEAT_S, finishing)
+            TaskChild(spec.task_id, child, beat, time.monotonic() + TASK_BEAT_S, finishing, cause)
         )
         self._last_active = time.monotonic()
         return self._result.accepted()
@@ -314,6 +344,9 @@ class WarmExecutor:
         error for its message at once (Flower's own path waits for the task token to
         expire, about 60 s)."""
         details = f"the ClientApp task process died (exit code {code})"
+        why = task.cause.value.decode("utf-8", "replace") if task.cause is not None else ""
+        if why:
+            details += f": {why}"
         fail = getattr(task.beat, "fail", None)
         told = bool(fail(details)) if fail is not None else False
         self._log(
@@ -386,23 +419,30 @@ def exec_superexec(argv: list[str]) -> None:
 
 
 def run_superexec(argv: list[str]) -> None:
-    """Flower's ``flower-superexec`` with :class:`WarmExecutor` (same flags)."""
+    """Flower's ``flower-superexec`` with :class:`WarmExecutor` (same flags); Flower's
+    own executor where the ``warm-executor`` part does not fit the installed Flower
+    (:mod:`common.flower_gate`: one warning line)."""
+    from common import flower_gate
     from common.flower_runtime import flower_internal
 
-    os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
+    flower_gate.use("entry-points")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    module = importlib.import_module("flwr.supercore.superexec.run_superexec")
-    stock = flower_internal("flwr.supercore.superexec.run_superexec", "get_executor")
-    subprocess_type = flower_internal("flwr.supercore.constant", "ExecutorType").SUBPROCESS
+    if flower_gate.use("warm-executor"):
+        os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_S)
+        module = importlib.import_module("flwr.supercore.superexec.run_superexec")
+        stock = flower_internal("flwr.supercore.superexec.run_superexec", "get_executor")
+        subprocess_type = flower_internal("flwr.supercore.constant", "ExecutorType").SUBPROCESS
 
-    def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
-        if executor_type == subprocess_type:
-            return WarmExecutor()
-        return stock(executor_type, executor_config, **kwargs)
+        def get_executor(executor_type: Any, executor_config: Any = None, **kwargs: Any) -> Any:
+            if executor_type == subprocess_type:
+                return WarmExecutor()
+            return stock(executor_type, executor_config, **kwargs)
 
-    setattr(module, "get_executor", get_executor)  # noqa: B010
+        setattr(module, "get_executor", get_executor)  # noqa: B010
     sys.argv = ["flower-superexec", *argv]
-    if not {"-h", "--help", "-V", "--version"} & set(argv):
+    if not {"-h", "--help", "-V", "--version"} & set(argv) and flower_gate.use(
+        "executor-auth-check"
+    ):
         from cli.executor_auth import ExecutorRefused, check_access
 
         try:

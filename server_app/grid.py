@@ -31,6 +31,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from common import flower_gate
 from common.flower_runtime import concurrent_objects, fast_object_pulls, object_concurrency
 
 REPLY_POLLS = ("informed", "fixed", "flower")
@@ -65,7 +66,9 @@ class PollingGrid(Grid):
         self.polls = 0
         """Reply polls sent so far (``pull_messages`` calls)."""
         count = object_concurrency()
-        if count is None:
+        if not flower_gate.use("server-objects"):
+            pass  # Flower's own object concurrency and backoff (one warning line)
+        elif count is None:
             fast_object_pulls(HTTP_GRID, "pull_objects")
         else:
             concurrent_objects(HTTP_GRID, "pull_objects", "push_objects", count=count)

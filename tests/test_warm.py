@@ -787,31 +787,27 @@ def test_the_node_answers_a_failed_client_task_with_an_error_reply() -> None:
 
     from cli.supernode import FailedTasks
 
-    assert callable(InMemoryNodeState._store_error_replies)  # what FailedTasks calls
-    pushed, rings = [], []
+    pushed, rings, errors = [], [], []
 
-    class State:
-        def __init__(self) -> None:
-            self.errors: list[tuple[set[int], object]] = []
-
-        def _store_error_replies(self, run_ids: set[int], error: object) -> None:
-            self.errors.append((run_ids, error))
+    def fail(state: object, cause: str) -> bool:
+        errors.append((state, cause))
+        return True
 
     handler = FailedTasks(
-        lambda *a: pushed.append(a) or "answer", on_failed=lambda: rings.append(1)
+        lambda *a: pushed.append(a) or "answer", fail, on_failed=lambda: rings.append(1)
     )
-    state = State()
+    state = InMemoryNodeState
     task = pytypes.SimpleNamespace(type=TaskType.CLIENT_APP, run_id=7, task_id=3)
     failed = pytypes.SimpleNamespace(sub_status=SubStatus.FAILED, details="died (exit code -9)")
     assert handler(failed, state, task) == "answer" and len(pushed) == 1
-    [(run_ids, error)] = state.errors
-    assert run_ids == {7} and "died (exit code -9)" in error.reason  # type: ignore[attr-defined]
+    [(got_state, cause)] = errors
+    assert got_state is state and "died (exit code -9)" in cause
     assert rings == [1]
     completed = pytypes.SimpleNamespace(sub_status=SubStatus.COMPLETED, details="")
     handler(completed, state, task)
     agent = pytypes.SimpleNamespace(type=TaskType.AGENT_APP, run_id=7, task_id=4)
     handler(failed, state, agent)
-    assert len(state.errors) == 1 and rings == [1] and len(pushed) == 3
+    assert len(errors) == 1 and rings == [1] and len(pushed) == 3
 
 
 def test_the_task_heartbeat_reads_a_revoked_token_as_finished(
@@ -886,12 +882,12 @@ def _node_state():  # type: ignore[no-untyped-def]
     return factory.state(), factory.objectstore_factory.store()
 
 
-def _instruction(run_id: int):  # type: ignore[no-untyped-def]
+def _instruction(run_id: int, dst: int = 1):  # type: ignore[no-untyped-def]
     from flwr.app import ArrayRecord
 
     msg = Message(
         RecordDict({"config": ConfigRecord({"x": run_id}), "a": ArrayRecord()}),
-        dst_node_id=1,
+        dst_node_id=dst,
         message_type="train.x",
     )
     msg.metadata.__dict__["_run_id"] = run_id
@@ -1077,6 +1073,98 @@ def test_a_late_reply_of_a_stopped_run_is_not_taken_for_the_next_runs() -> None:
     assert node.loop_once(watch) == 2
     assert [m.metadata.reply_to_message_id for m in node.sent] == [second.metadata.message_id]
     assert node.state.get_messages_legacy() == []
+
+
+@pytest.mark.usefixtures("flower_never_waits")
+def test_a_task_that_ended_without_a_reply_gets_an_error_reply_with_its_cause() -> None:
+    """Never a silent wait: the task's child ended (here: finished by the node, as
+    when this Flower keeps replies where the watch does not look) and no reply came;
+    after REPLY_GRACE_S the message gets an error reply naming the cause."""
+    from flwr.common.constant import SubStatus
+
+    from cli.supernode import REPLY_GRACE_S
+
+    node = _Node()
+    msg = _instruction(9)
+    node.inbox.append(msg)
+    node.runs[9] = True
+    plain = node.clock.sleep
+
+    def sleep(seconds: float) -> None:
+        plain(seconds)
+        if node.clock.now >= 103.0 and not getattr(sleep, "done", False):
+            sleep.done = True  # type: ignore[attr-defined]
+            task = node.task(9)
+            node.state.finish_task(task.task_id, sub_status=SubStatus.FAILED, details="boom")
+
+    node.clock.sleep = sleep  # type: ignore[method-assign]
+    assert node.loop_once(node.watch()) == 9
+    [reply] = node.sent
+    assert reply.metadata.reply_to_message_id == msg.metadata.message_id and reply.has_error()
+    assert "boom" in reply.error.reason and "left no reply" in reply.error.reason
+    assert 103.0 + REPLY_GRACE_S <= node.clock.now <= 103.0 + REPLY_GRACE_S + 2.5
+
+
+@pytest.mark.usefixtures("flower_never_waits")
+def test_a_task_no_executor_takes_is_failed_with_an_error_reply() -> None:
+    from flwr.common.constant import Status, SubStatus
+    from flwr.supercore.constant import TaskType
+    from flwr.supernode.start_client_internal import _insert_message
+
+    from cli.supernode import RunWatch
+
+    node = _Node()
+    msg = _instruction(5)
+    node.inbox.append(msg)
+    node.runs[5] = True
+
+    def pull_unclaimed(*, state, object_store, receive, get_run):  # type: ignore[no-untyped-def]
+        got = receive()
+        state.create_task(TaskType.CLIENT_APP, 5, "fab")
+        _insert_message(got[0], state, object_store)
+        return 5
+
+    from flwr.supernode.start_client_internal import _push_messages
+
+    watch = RunWatch(
+        pull_unclaimed,
+        _push_messages,
+        sleep=node.sleep,
+        clock=node.clock.monotonic,
+        start_bound_s=10.0,
+    )
+    watch.pull(state=node.state, object_store=node.store, receive=node.receive, get_run=None)
+    watch.push(state=node.state, object_store=node.store, send=node.send, push_object=None)
+    [reply] = node.sent
+    assert reply.has_error() and "no executor took its task in 10 s" in reply.error.reason
+    task = node.task(5)
+    assert (task.status.status, task.status.sub_status) == (Status.FINISHED, SubStatus.FAILED)
+    assert 110.0 <= node.clock.now <= 113.0
+
+
+def test_the_store_inbox_finds_replies_and_stores_error_replies_where_flower_looks() -> None:
+    """flwr 1.43's loop reads replies from the core message store
+    (``get_messages(dst_node_id=SUPERLINK_NODE_ID)``): the ``store`` inbox finds a
+    reply stored there and stores its error replies there, which the ``legacy`` one
+    (``get_messages_legacy``) does not see."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    from cli.supernode import Inbox
+
+    state, store = _node_state()
+    state.set_node_id(7)
+    msg = _instruction(3, dst=7)
+    msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID  # as the SuperLink sends it
+    assert state.store_messages([msg]) == [True]
+    inbox = Inbox("store")
+    assert inbox.replies(state) == []
+    inbox.error_reply(state, store, msg, "the cause")
+    [reply] = inbox.replies(state)
+    assert reply.has_error() and reply.error.reason == "the cause"
+    assert reply.metadata.dst_node_id == SUPERLINK_NODE_ID
+    assert Inbox("legacy").replies(state) == []  # where 1.42's loop looked
+    inbox.drop(state, store, [reply.metadata.message_id])
+    assert inbox.replies(state) == []
 
 
 def test_run_watch_names_a_flower_loop_function_that_changed() -> None:

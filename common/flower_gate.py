@@ -1,0 +1,396 @@
+"""One gate for every Flower internal fedhet relies on, checked at process start.
+
+fedhet's deployment speed rests on changes to Flower's own runtime (``cli/supernode.py``,
+``cli/warm.py``, ``cli/taskbeat.py``, ``cli/executor_auth.py``, ``server_app/grid.py``):
+module attributes replaced or wrapped at run time, never Flower's files. Each change is a
+:class:`Part` here, with every private Flower name it uses (``module:attr`` or
+``module:Class.attr``). A part's *fingerprint* is a digest of those names' source code
+(functions, classes) or values (constants): a name that is gone, a signature that
+changed, and a body that changed while its name stayed all change it. A part is used
+only when its fingerprint is one recorded in ``flower_checked.json`` beside this file,
+i.e. that code was read and run with fedhet (the file names the Flower version each
+digest was checked on). Otherwise:
+
+* a part with a stock fallback is switched off with one warning line naming the part,
+  the Flower version, the first name that does not fit, and what is used instead
+  (Flower's executor, Flower's polling intervals, Flower's object concurrency, ...);
+  the run goes on;
+* a part without one (the entry points fedhet starts) stops the process with one line.
+
+``python -m common.flower_gate`` prints every part's verdict for the installed Flower;
+``--record`` adds the installed Flower's fingerprints to ``flower_checked.json`` (only
+after the parts were read against that Flower and its federation ran: see
+docs/deployment.md, "Flower's runtime, changed").
+
+Standard library only (Flower on first use): the warm executor's task children import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHECKED_FILE = Path(__file__).with_name("flower_checked.json")
+SUPERNODE = "flwr.supernode.start_client_internal"
+NODE_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"
+NODE_STATE = "flwr.supernode.nodestate.in_memory_nodestate"
+OBJECTS = "flwr.supercore.inflatable.inflatable_utils"
+RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One change fedhet makes to Flower's runtime."""
+
+    name: str
+    what: str
+    """What it changes (one line)."""
+    uses: tuple[str, ...]
+    """Flower names it relies on: ``module:attr`` or ``module:Class.attr``."""
+    fallback: str | None
+    """What runs instead when it does not fit (None: nothing; the process stops)."""
+    where: str
+    """The fedhet process that applies it."""
+
+
+PARTS: tuple[Part, ...] = (
+    Part(
+        "entry-points",
+        "fedhet supernode / superexec start Flower's own SuperNode and SuperExec",
+        (
+            "flwr.supernode.cli.flower_supernode:flower_supernode",
+            "flwr.supercore.cli.flower_superexec:flower_superexec",
+        ),
+        None,
+        "supernode, superexec",
+    ),
+    Part(
+        "node-polling",
+        "the SuperNode's idle pull (3 s) paced by when its next message is due; reply "
+        "waits 0.05 s instead of 0.5 s",
+        (f"{SUPERNODE}:time", f"{SUPERNODE}:start_client_internal", f"{SUPERNODE}:_push_messages"),
+        "Flower's polling intervals (3 s idle, 0.5 s reply waits)",
+        "supernode",
+    ),
+    Part(
+        "node-objects",
+        "the SuperNode moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
+        (
+            f"{SUPERNODE}:pull_objects",
+            f"{SUPERNODE}:push_object_contents_from_iterable",
+            f"{OBJECTS}:pull_objects",
+            f"{OBJECTS}:push_object_contents_from_iterable",
+            f"{OBJECTS}:get_num_workers",
+        ),
+        "Flower's object concurrency and backoff",
+        "supernode",
+    ),
+    Part(
+        "warm-connections",
+        "the SuperNode opens the connections a wave of requests needs before it is due",
+        (
+            "flwr.supernode.fleet_http_connection:FleetHttpClient",
+            "httpcore._sync.connection_pool:ConnectionPool.create_connection",
+            "httpcore._sync.connection:HTTPConnection._connect",
+            "httpcore._sync.http11:HTTP11Connection.is_available",
+            "httpcore._models:Request.__init__",
+        ),
+        "connections opened when a request needs them",
+        "supernode",
+    ),
+    Part(
+        "held-tasks",
+        "the SuperNode holds its executor's task request until a message arrives",
+        (f"{NODE_HANDLERS}:acquire_task", "flwr.supercore.routers.runtime.router:acquire_task"),
+        "the executor polls for tasks",
+        "supernode",
+    ),
+    Part(
+        "failed-tasks",
+        "a task the warm executor reports failed gets an error reply at once",
+        (
+            f"{NODE_HANDLERS}:push_task_output",
+            f"{NODE_STATE}:CLIENT_APP_CRASHED_ERROR",
+            f"{NODE_STATE}:InMemoryNodeState._store_error_replies",
+        ),
+        "Flower's task-token expiry (an error reply after about 60 s)",
+        "supernode",
+    ),
+    Part(
+        "run-watch",
+        "the SuperNode asks every 2 s whether its task's run still runs (flwr stop); a task "
+        "starts as its message is stored; confirmation sent along",
+        (
+            f"{SUPERNODE}:_pull_and_store_message",
+            f"{SUPERNODE}:_push_messages",
+            f"{SUPERNODE}:_insert_message",
+            "flwr.supercore.inflatable.inflatable_object:no_object_id_recompute",
+            "flwr.supercore.inflatable.inflatable_object:get_object_tree",
+            "flwr.supercore.inflatable.inflatable_object:get_all_nested_objects",
+            "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.store_messages",
+            "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.get_messages",
+            "flwr.supercore.corestate.in_memory_corestate:InMemoryCoreState.cancel_messages",
+            f"{NODE_HANDLERS}:pull_messages",
+            f"{NODE_HANDLERS}:push_messages",
+            f"{NODE_STATE}:InMemoryNodeState.store_message",
+            f"{NODE_STATE}:InMemoryNodeState.get_messages_legacy",
+            f"{NODE_STATE}:InMemoryNodeState.delete_messages",
+            "flwr.supercore.run:RunNotRunningException",
+        ),
+        "Flower's own loop (a stopped run's task runs to its end)",
+        "supernode",
+    ),
+    Part(
+        "warm-executor",
+        "ClientApp tasks forked from a parent that imported torch and flwr once",
+        (
+            "flwr.supercore.superexec.run_superexec:run_superexec",
+            "flwr.supercore.superexec.run_superexec:get_executor",
+            "flwr.supercore.superexec.executor.subprocess_executor:SubprocessExecutor",
+            "flwr.supercore.superexec.executor.subprocess_executor:subprocess",
+            "flwr.supercore.superexec.executor.types:LaunchResult",
+            "flwr.supercore.constant:ExecutorType",
+            "flwr.supercore.constant:TaskType",
+            "flwr.supernode.cli:flwr_clientapp",
+            f"{RUN_CLIENTAPP}:run_clientapp",
+            f"{RUN_CLIENTAPP}:pull_and_inflate_object_from_tree",
+            f"{RUN_CLIENTAPP}:push_task_output",
+        ),
+        "Flower's subprocess executor (a fresh flwr-clientapp process per message)",
+        "superexec",
+    ),
+    Part(
+        "task-beats",
+        "the warm executor heartbeats each task child and ends those of stopped runs",
+        (
+            "flwr.supercore.runtime:RuntimeHttpClient",
+            "flwr.supercore.interceptors:RuntimeTokenHttpInterceptor",
+            "flwr.supercore.interceptors:RuntimeVersionHttpInterceptor",
+            "flwr.proto.runtime_pb2:SendTaskHeartbeatRequest",
+            "flwr.proto.runtime_pb2:PushTaskOutputRequest",
+            "flwr.common.constant:SubStatus",
+        ),
+        "task children unwatched (a dead child fails through Flower's token expiry)",
+        "superexec",
+    ),
+    Part(
+        "executor-auth-check",
+        "an executor its SuperNode refuses says why and exits 3 (Flower: exit 0, no word)",
+        (
+            "flwr.supercore.cli.flower_superexec:_parse_args",
+            "flwr.supercore.auth:load_superexec_auth_secret",
+            "flwr.supercore.interceptors.http.superexec_auth:SuperExecAuthHttpInterceptor",
+            "flwr.supercore.runtime:RuntimeHttpClient",
+            "flwr.proto.runtime_pb2:AcquireTaskRequest",
+        ),
+        "no check before Flower's executor starts",
+        "superexec",
+    ),
+    Part(
+        "server-objects",
+        "the ServerApp moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
+        (
+            "flwr.superlink.grid.http_grid:pull_objects",
+            "flwr.superlink.grid.http_grid:push_objects",
+            f"{OBJECTS}:pull_objects",
+            f"{OBJECTS}:push_objects",
+            f"{OBJECTS}:get_num_workers",
+        ),
+        "Flower's object concurrency and backoff",
+        "serverapp",
+    ),
+)
+"""Every change, in the order a deployment applies them."""
+
+BY_NAME = {p.name: p for p in PARTS}
+
+
+class Unfit(Exception):
+    """A name a part uses is gone (the message says which)."""
+
+
+def flower_version() -> str:
+    """The installed Flower's version (``flwr`` or ``flwr-nightly``)."""
+    from importlib import metadata
+
+    for dist in ("flwr", "flwr-nightly"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _resolve(use: str) -> Any:
+    module_name, _, path = use.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise Unfit(f"{module_name} cannot be imported ({exc})") from None
+    for attr in path.split("."):
+        if not hasattr(obj, attr):
+            raise Unfit(f"{module_name}.{path} is gone")
+        obj = inspect.getattr_static(obj, attr)
+    return obj
+
+
+def _text(obj: Any) -> str:
+    """What of ``obj`` the fingerprint covers: its source when it has one."""
+    obj = getattr(obj, "func", obj)  # a functools.partial fedhet made: the function
+    obj = getattr(obj, "__wrapped__", obj)
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if inspect.ismodule(obj):
+        return f"module {obj.__name__}"
+    descriptor = getattr(obj, "DESCRIPTOR", None)
+    if descriptor is not None and hasattr(descriptor, "fields"):  # a protobuf message
+        return " ".join(f"{f.name}:{f.number}:{f.type}" for f in descriptor.fields)
+    if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj):
+        try:
+            return inspect.getsource(obj)
+        except (OSError, TypeError):
+            try:
+                return repr(inspect.signature(obj))
+            except (TypeError, ValueError):
+                return repr(obj)
+    return f"{type(obj).__name__} {obj!r}"
+
+
+def fingerprint(part: Part) -> str:
+    """A digest of the Flower code ``part`` relies on; :class:`Unfit` names a missing one."""
+    digest = hashlib.sha256()
+    for use in part.uses:
+        digest.update(use.encode() + b"\0" + _text(_resolve(use)).encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _checked_file() -> dict[str, Any]:
+    return json.loads(CHECKED_FILE.read_text())
+
+
+def checked() -> dict[str, dict[str, str]]:
+    """``flower_checked.json``: part -> {fingerprint: Flower version it was checked on}."""
+    return _checked_file()["parts"]
+
+
+def fact(name: str, key: str) -> str:
+    """What ``flower_checked.json`` says of the checked Flower version part ``name``
+    fits (``facts``: version -> {key: value}), e.g. where its SuperNode keeps messages."""
+    found = verdict(name)
+    if not found.fits or found.version is None:
+        raise RuntimeError(f"fedhet: {name} does not fit flwr {flower_version()}")
+    return str(_checked_file()["facts"][found.version][key])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    part: Part
+    fits: bool
+    version: str | None
+    """The checked Flower version whose code this is (None: none)."""
+    reason: str
+
+    def line(self) -> str:
+        """One line: what does not fit, and what runs instead (or the way out)."""
+        head = f"fedhet: flwr {flower_version()}: {self.reason}"
+        if self.part.fallback is None:
+            return (
+                f"{head}; fedhet cannot run on this Flower: use `pip install flwr==1.42.0` "
+                "(the pin) or a version listed in common/flower_checked.json"
+            )
+        return f"{head}; {self.part.name} off, using {self.part.fallback}"
+
+
+@functools.cache
+def verdict(name: str) -> Verdict:
+    """Whether part ``name`` fits the installed Flower (cached per process)."""
+    part = BY_NAME[name]
+    forced = {n.strip() for n in os.environ.get("FEDHET_FLOWER_PARTS_OFF", "").split(",")}
+    if name in forced or "all" in forced:
+        return Verdict(part, False, None, f"{name} switched off (FEDHET_FLOWER_PARTS_OFF)")
+    try:
+        digest = fingerprint(part)
+    except Unfit as exc:
+        return Verdict(part, False, None, f"{name} needs {exc}")
+    known = checked().get(name, {})
+    if digest in known:
+        return Verdict(part, True, known[digest], "fits")
+    versions = sorted(set(known.values()))
+    return Verdict(
+        part,
+        False,
+        None,
+        f"{name}: the Flower code it changes is not the code it was checked against "
+        f"(checked: {', '.join(versions) or 'none'}; fingerprint {digest})",
+    )
+
+
+def use(name: str) -> bool:
+    """True when part ``name`` fits. Otherwise one warning line and False (a part with
+    a fallback) or one error line and ``SystemExit(1)`` (a part without one)."""
+    found = verdict(name)
+    if found.fits:
+        return True
+    _say(found)
+    if found.part.fallback is None:
+        raise SystemExit(1)
+    return False
+
+
+_said: set[str] = set()
+
+
+def _say(found: Verdict) -> None:
+    if found.part.name in _said:
+        return
+    _said.add(found.part.name)
+    line = found.line()
+    try:
+        from logging import ERROR, WARNING
+
+        from flwr.common.logger import log
+
+        log(ERROR if found.part.fallback is None else WARNING, "%s", line)
+    except Exception:  # noqa: BLE001 - Flower's logger gone: stderr
+        print(line, file=sys.stderr)
+
+
+def record() -> dict[str, str]:
+    """Add the installed Flower's fingerprints to ``flower_checked.json``."""
+    data = json.loads(CHECKED_FILE.read_text())
+    version = flower_version()
+    data.setdefault("facts", {}).setdefault(version, {})
+    added = {}
+    for part in PARTS:
+        digest = fingerprint(part)
+        if data["parts"].setdefault(part.name, {}).get(digest) is None:
+            data["parts"][part.name][digest] = version
+            added[part.name] = digest
+    CHECKED_FILE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return added
+
+
+def main(argv: list[str]) -> int:
+    """Print every part's verdict (``--record``: record the installed Flower first);
+    exit 1 when a part without a fallback does not fit."""
+    if "--record" in argv:
+        print("recorded:", record() or "nothing new")
+    rows = [verdict(p.name) for p in PARTS]
+    print(f"flwr {flower_version()}")
+    for row in rows:
+        state = f"fits ({row.version})" if row.fits else f"OFF: {row.line()}"
+        print(f"  {row.part.name:20s} {row.part.where:11s} {state}")
+    return 1 if any(not r.fits and r.part.fallback is None for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
