@@ -222,3 +222,26 @@ def test_fedhet_run_on_a_running_federation_reports_completed_and_failed(tmp_pat
         assert codes["failed"][0] == 1 and "finished:failed" in codes["failed"][1], codes
         assert codes["ok"][0] == 0 and "finished:completed" in codes["ok"][1], codes
         assert (tmp_path / "out" / "results.json").exists()
+
+
+def test_sourcing_setup_leaves_the_callers_shell_as_it_was() -> None:
+    """`source scripts/setup.sh` (as the README says) in an interactive shell: the
+    shell's options stay as they were, and a failing command after it does not end
+    the shell."""
+    import subprocess
+    from pathlib import Path
+
+    setup = Path(__file__).resolve().parent.parent / "scripts" / "setup.sh"
+    script = f'source {setup}; echo "opts=$-"; set -o | grep -c "pipefail *on"; ls /nonexistent; echo alive'
+    out = subprocess.run(
+        ["bash", "-ic", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "alive", out.stdout + out.stderr
+    opts = next(line for line in lines if line.startswith("opts="))
+    assert "e" not in opts.removeprefix("opts=") and "u" not in opts.removeprefix("opts=")
+    assert "0" in lines  # pipefail off

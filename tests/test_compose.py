@@ -111,6 +111,15 @@ def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -
             "/state",
             "/home/fedhet/.cache/fedhet",
         }
+        # its own data cache (its partition) and state: no other service mounts them
+        for path in ("/home/fedhet/.cache/fedhet", "/state"):
+            own = _mounts(executor)[path]
+            others = [
+                n
+                for n, s in services.items()
+                if n != f"superexec-{i}" and own in _mounts(s).values()
+            ]
+            assert others in ([], [name]), (own, others)  # at most its own SuperNode
         assert executor["depends_on"][name]["condition"] == "service_healthy"
     assert len(set(seen)) == 3
 
