@@ -232,7 +232,10 @@ def test_sourcing_setup_leaves_the_callers_shell_as_it_was() -> None:
     from pathlib import Path
 
     setup = Path(__file__).resolve().parent.parent / "scripts" / "setup.sh"
-    script = f'source {setup}; echo "opts=$-"; set -o | grep -c "pipefail *on"; ls /nonexistent; echo alive'
+    script = (
+        f'source {setup}; echo "opts=$-"; set -o | grep -c "pipefail *on"; '
+        "ls /nonexistent; echo alive"
+    )
     out = subprocess.run(
         ["bash", "-ic", script],
         capture_output=True,
