@@ -118,7 +118,12 @@ def resumed_overrides(resume: Path | None, run_config: list[str]) -> tuple[dict,
 def simulate(
     run_config: RunConfigOpt = [],  # noqa: B006
     num_supernodes: Annotated[
-        int | None, typer.Option(help="Simulated clients (default 20; resuming: the run's).")
+        int | None,
+        typer.Option(
+            "--num-supernodes",
+            "--nodes",
+            help="Simulated clients (default 20; resuming: the run's).",
+        ),
     ] = None,
     cpus_per_client: Annotated[int, typer.Option(help="Ray CPUs per ClientApp.")] = 1,
     resume: ResumeOpt = None,
@@ -331,9 +336,35 @@ def keys(
 
 
 @app.command()
+def parse_node_config(text: str) -> dict[str, Scalar]:
+    """``key=value`` pairs (space-separated; values as TOML: true, 3, 0.5, "text") for
+    every node of ``fedhet federation``; ValueError names what does not parse."""
+    import shlex
+
+    import tomllib
+
+    out: dict[str, Scalar] = {}
+    for pair in shlex.split(text):
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not key=value")
+        if key in ("partition-id", "num-partitions"):
+            raise ValueError(f"{key} is set by the federation (one partition per node)")
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value  # a bare word: a string
+        if not isinstance(parsed, (bool, int, float, str)):
+            raise ValueError(f"{key}: {value!r} is not a bool, number or string")
+        out[key] = parsed
+    return out
+
+
 def federation(
     run_config: RunConfigOpt = [],  # noqa: B006
-    nodes: Annotated[int, typer.Option(help="SuperNodes to start.")] = 3,
+    nodes: Annotated[
+        int, typer.Option("--num-supernodes", "--nodes", help="SuperNodes to start.")
+    ] = 3,
     profiles: Annotated[
         str, typer.Option(help="Comma-separated node profiles, assigned round-robin (empty: none).")
     ] = "",
@@ -376,6 +407,14 @@ def federation(
     down_mbps: Annotated[
         float | None, typer.Option(help="Link: server-to-node rate, Mbit/s (every node).")
     ] = None,
+    node_config: Annotated[
+        str,
+        typer.Option(
+            help="Extra node config for every node, as flower-supernode --node-config "
+            "takes it (e.g. 'onnx-export=true'); partition-id and num-partitions are the "
+            "federation's."
+        ),
+    ] = "",
     verbose: Annotated[bool, typer.Option(help="Print all Flower logs.")] = False,
 ) -> None:
     """Start a SuperLink and N SuperNodes on 127.0.0.1, run the app once, stop them all.
@@ -400,6 +439,11 @@ def federation(
     overrides, _ = resumed_overrides(resume, run_config)
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     work = workdir.expanduser().resolve()
+    try:
+        extra = parse_node_config(node_config)
+    except ValueError as exc:
+        typer.echo(f"fedhet: --node-config: {exc}", err=True)
+        raise typer.Exit(2) from None
     node_configs = []
     for i in range(nodes):
         nc: dict[str, Scalar] = {
@@ -409,7 +453,7 @@ def federation(
         }
         if names:
             nc["profile"] = names[i % len(names)]
-        node_configs.append(nc)
+        node_configs.append({**nc, **extra})
 
     def echo(line: str) -> None:
         if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:

@@ -135,7 +135,13 @@ def read_image(path: Path, model: Model) -> np.ndarray:
 def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
     """``x`` of an ``.npz`` as the model's input, and its labels ``y`` if present."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise PredictError(
+                f"{path}: a single array (.npy), not an .npz archive; save it with "
+                "numpy.savez(path, x=images[, y=labels])"
+            )
+        with archive:
             x = archive["x"]
             y = archive["y"] if "y" in archive.files else None
     except KeyError:
@@ -154,6 +160,8 @@ def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
             f"{path}: 'x' is {x.dtype} {list(x.shape)}; expected uint8 [n, H, W(, C)] "
             "pixels or float32 [n, C, H, W] normalised images"
         )
+    if len(x) == 0:
+        raise PredictError(f"{path}: 'x' holds no images")
     if y is not None:
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
             raise PredictError(f"{path}: 'y' must hold one integer label per image")
@@ -185,6 +193,8 @@ def predict(
 ) -> tuple[list[tuple[str, int, str]], float | None]:
     """``(input, class index, class name)`` per input, and the accuracy over the
     labelled ``.npz`` inputs (None without labels)."""
+    if batch_size < 1:
+        raise PredictError(f"--batch-size {batch_size}: must be at least 1")
     model = Model(model_path)
     if dataset and model.card.get("dataset") != dataset:
         raise PredictError(

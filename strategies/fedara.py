@@ -453,8 +453,8 @@ class FedARA(HeteroStrategy):
             (
                 float(torch.linalg.vector_norm(rule[k].double() - full[k].double()))
                 / max(float(torch.linalg.vector_norm(full[k].double())), 1e-30)
-                for k in rule
-                if k.endswith(".weight") and k in full
+                for k in (f"{layer}.weight" for layer in self.layer_shapes)
+                if k in rule and k in full
             ),
             default=0.0,
         )
@@ -483,7 +483,8 @@ class FedARA(HeteroStrategy):
     def step_size(self, coherence: float | None, reach: float) -> float:
         """η of this round's step. ``fixed``: ``fedara.server-lr``. ``bounded``: the
         same while the step stays small (η x ``reach`` <= :data:`SMALL_STEP`, ``reach``
-        being the rule's largest relative change of a weight tensor), else at most
+        being the rule's largest relative change of a factorisable layer's weight: η x
+        ``reach`` is then the largest ``update-norm`` diagnostic), else at most
         ``1 / coherence`` and at least 1: the weighted mean of the replies' updates is
         ``coherence`` times their mean length, so a larger η would move the global
         further than the clients themselves moved (with few agreeing nodes and many

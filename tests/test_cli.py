@@ -248,3 +248,34 @@ def test_sourcing_setup_leaves_the_callers_shell_as_it_was() -> None:
     opts = next(line for line in lines if line.startswith("opts="))
     assert "e" not in opts.removeprefix("opts=") and "u" not in opts.removeprefix("opts=")
     assert "0" in lines  # pipefail off
+
+
+def test_simulate_and_federation_take_the_same_node_count_option() -> None:
+    """One name for the node count in both commands (`--num-supernodes`, Flower's), the
+    other kept as an alias (`--nodes`)."""
+    import typer.main
+
+    from cli.main import app
+
+    group = typer.main.get_command(app)
+    for name, dest in (("simulate", "num_supernodes"), ("federation", "nodes")):
+        [option] = [p for p in group.commands[name].params if p.name == dest]
+        assert set(option.opts) == {"--num-supernodes", "--nodes"}, name
+
+
+def test_federation_node_config_reaches_every_node_and_refuses_the_partition() -> None:
+    import pytest as _pytest
+
+    from cli.main import parse_node_config
+
+    assert parse_node_config("onnx-export=true  rate=0.5 n=3 label='rpi 4' name=x") == {
+        "onnx-export": True,
+        "rate": 0.5,
+        "n": 3,
+        "label": "rpi 4",
+        "name": "x",
+    }
+    assert parse_node_config("") == {}
+    for bad, says in (("partition-id=1", "set by the federation"), ("oops", "not key=value")):
+        with _pytest.raises(ValueError, match=says):
+            parse_node_config(bad)

@@ -143,10 +143,12 @@ def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: f
     finally:
         proxy.stop_thread()
         sink.close()
-    # a fresh connection: the handshake (2d), the bytes at the rate, their delay up,
-    # the answer's delay down
-    expected = 4 * d + size * 8 / (rate * 1e6)
-    assert expected * 0.98 <= took <= expected * 1.15 + 0.2
+    # a fresh connection: the handshake (2d, which may be done before t0), the bytes at
+    # the rate, their delay up, the answer's delay down. Load only makes it slower: the
+    # lower bound is the mechanism's; the upper one is far below one delay per chunk
+    # (18 s at 100 ms), a margin no load on a test machine crosses.
+    transfer = size * 8 / (rate * 1e6)
+    assert 2 * d + transfer * 0.98 <= took <= 3 * (4 * d + transfer) + 1.0
     assert proxy.stats.bytes_up == size
 
 

@@ -195,3 +195,24 @@ def test_the_cli_commands_exit_1_with_one_line(tmp_path: Path) -> None:
         assert done.exit_code == 1, done.output
         lines = done.stderr.splitlines()
         assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("case", ["npy named npz", "no images", "batch 0", "batch -1"])
+def test_more_bad_input_is_one_line_and_exit_1(
+    exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    npy = tmp_path / "array.npz"
+    with npy.open("wb") as fh:
+        np.save(fh, exported.pixels[:2])  # a .npy archive under an .npz name
+    empty = tmp_path / "empty.npz"
+    np.savez(empty, x=exported.pixels[:0])
+    inputs, batch, says = {
+        "npy named npz": (npy, 256, "a single array (.npy), not an .npz archive"),
+        "no images": (empty, 256, "'x' holds no images"),
+        "batch 0": (exported.npz, 0, "--batch-size 0: must be at least 1"),
+        "batch -1": (exported.npz, -1, "--batch-size -1: must be at least 1"),
+    }[case]
+    assert run(exported.model, [inputs], "", batch) == 1
+    out = capsys.readouterr()
+    lines = out.err.splitlines()
+    assert out.out == "" and len(lines) == 1 and says in lines[0], out.err
