@@ -354,6 +354,7 @@ class Recorded(Strategy):
                     str(n.partition_id): n.arch
                     for n in sorted(self.inner.nodes.values(), key=lambda n: n.partition_id)
                 },
+                "partition": partition_record(self.cfg, len(self.inner.nodes)),
             },
         }
 
@@ -365,3 +366,32 @@ class Recorded(Strategy):
         tmp.write_text(json.dumps(self.results(), indent=1))
         os.replace(tmp, path)
         return path
+
+
+def partition_record(cfg: RunConfig, num_partitions: int) -> dict[str, Any]:
+    """Where the run's partition lies (on the machine that made it: a simulation's, or
+    each node's own cache in a deployment) and how to write it again anywhere: the
+    folder holds ``train/<partition>.npz`` and ``test/<partition>.npz``."""
+    from data.store import cache_dir, partition_key
+
+    data = cfg.data
+    if data.name == "clients-npz":
+        folder = Path(data.root).expanduser()
+    else:
+        folder = cache_dir(data) / partition_key(data, num_partitions, cfg.seed)
+    keys = " ".join(f"{k}={toml_literal(v)}" for k, v in flatten(data, "data.").items())
+    return {
+        "folder": str(folder),
+        "num-partitions": num_partitions,
+        "export": f'fedhet partition -c "{keys} seed={cfg.seed}" -n {num_partitions} '
+        "--export <folder>",
+    }
+
+
+def toml_literal(value: Any) -> str:
+    """A run-config value as ``-c`` takes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value + "'"
+    return repr(value)

@@ -279,3 +279,28 @@ def test_federation_node_config_reaches_every_node_and_refuses_the_partition() -
     for bad, says in (("partition-id=1", "set by the federation"), ("oops", "not key=value")):
         with _pytest.raises(ValueError, match=says):
             parse_node_config(bad)
+
+
+def test_results_name_the_partition_and_the_command_that_writes_it_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """results.json's summary.partition: the folder with each client's test/<i>.npz,
+    and a `fedhet partition ... --export` command that writes the same files."""
+    import shlex
+
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from common.config import parse_run_config
+    from data import prepare_partition
+    from server_app.results import partition_record
+
+    cfg = parse_run_config({"data.name": "synthetic", "data.cache-dir": str(tmp_path / "c")})
+    folder = prepare_partition(cfg.data, 3, cfg.seed)
+    record = partition_record(cfg, 3)
+    assert record["folder"] == str(folder) and record["num-partitions"] == 3
+    args = shlex.split(record["export"].replace("<folder>", str(tmp_path / "again")))[1:]
+    done = CliRunner().invoke(app, [*args, "--heatmap", str(tmp_path / "h.png")])
+    assert done.exit_code == 0, done.output
+    for name in ("test/1.npz", "train/2.npz"):
+        with np.load(folder / name) as a, np.load(tmp_path / "again" / name) as b:
+            assert all(np.array_equal(a[k], b[k]) for k in a.files)
