@@ -133,8 +133,15 @@ def simulate(
 
     Prints one line per round and exits 1 unless the run finished as completed."""
     from cli.launch import run_simulation
+    from client_app.preflight import NodeUnfit, check_partitions
 
     overrides, nodes = resumed_overrides(resume, run_config)
+    try:
+        cfg = parse_run_config({**_defaults(), **overrides})
+        check_partitions(cfg, num_supernodes or nodes or 20)
+    except (ConfigError, NodeUnfit) as exc:
+        typer.echo(f"fedhet: {exc}", err=True)  # before Flower starts: nothing trained
+        raise typer.Exit(2) from None
 
     def echo(line: str) -> None:
         if verbose or "[fedhet]" in line or "fedhet:" in line or "ERROR" in line:

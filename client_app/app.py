@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import time
-from logging import WARNING
+from logging import ERROR, WARNING
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 from flwr.clientapp.typing import Mod
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from client_app.base import ClientHook, global_test, open_run, profile_record, run_config
 from client_app.clock import timing_metrics
 from client_app.export import keep_evaluated
+from client_app.preflight import unfit_reason
 from common import methods
 from common.config import Scalar
 from common.messages import EVAL_ARRAYS, EVAL_CONFIG, EVAL_METRICS
@@ -61,12 +71,17 @@ def _uploads_parameters(name: str) -> bool:
 
 
 def profile(msg: Message, context: Context) -> Message:
-    """Tell the server who this node is (partition, architecture, data sizes)."""
+    """Tell the server who this node is (partition, architecture, data sizes); a node
+    whose data or model does not fit answers with an error reply whose reason is one
+    line (``partition <i>: data: ...``), logged here too."""
     hook = methods.get(run_config(context).algorithm).client_hook()
-    return Message(
-        RecordDict({"profile": profile_record(context, hook)}),
-        reply_to=msg,
-    )
+    try:
+        record = profile_record(context, hook)
+    except Exception as exc:  # noqa: BLE001 - the server gets the cause, not a traceback
+        reason = f"partition {context.node_config.get('partition-id', '?')}: {unfit_reason(exc)}"
+        log(ERROR, "fedhet: %s", reason)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=msg)
+    return Message(RecordDict({"profile": record}), reply_to=msg)
 
 
 def _round(config: ConfigRecord) -> int:

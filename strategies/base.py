@@ -14,7 +14,7 @@ import secrets
 import statistics
 from collections.abc import Iterable
 from dataclasses import replace
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypedDict
 
 import numpy as np
@@ -209,6 +209,8 @@ class HeteroStrategy(Strategy):
         self.seed = seed
         """Seeds sampling and everything the server initialises or shuffles."""
         self.nodes: dict[int, NodeInfo] = {}
+        self.refused: dict[int, str] = {}
+        """Node id -> the one-line cause a node gave for not running (its profile)."""
         self.global_arrays: Arrays = {}
         self.last_train: dict[int, dict[str, float]] = {}
         self.last_eval: dict[int, dict[str, float]] = {}
@@ -320,13 +322,10 @@ class HeteroStrategy(Strategy):
         for reply in grid.send_and_receive(msgs, timeout=self.round_timeout):
             nid = self.sender(reply)
             if reply.has_error():
-                log(
-                    WARNING,
-                    "node %d: profile query failed: %s",
-                    nid,
-                    reply.error.reason,
-                )
+                self.refused[nid] = reply.error.reason
+                log(ERROR, "fedhet: node %d (%s): it cannot run", nid, reply.error.reason)
                 continue
+            self.refused.pop(nid, None)
             self.nodes[nid] = NodeInfo.from_metrics(nid, reply.content.config_records["profile"])
 
     def wait_and_discover(self, grid: Grid) -> list[int]:
@@ -334,6 +333,14 @@ class HeteroStrategy(Strategy):
         _, all_nodes = sample_nodes(grid, self.min_available_nodes, 0)
         self.discover(grid, all_nodes)
         if not self.nodes:
+            if self.refused:
+                causes = sorted(
+                    {reason.partition(": ")[2] or reason for reason in self.refused.values()}
+                )
+                raise RuntimeError(
+                    f"no node can run ({len(self.refused)} answered with a cause): "
+                    + "; ".join(causes[:3])
+                )
             raise RuntimeError("no node answered the profile query")
         return sorted(self.nodes, key=lambda n: self.nodes[n].partition_id)
 
