@@ -315,7 +315,7 @@ def verdict(name: str) -> Verdict:
     """Whether part ``name`` fits the installed Flower (cached per process)."""
     part = BY_NAME[name]
     forced = {n.strip() for n in os.environ.get("FEDHET_FLOWER_PARTS_OFF", "").split(",")}
-    if name in forced or "all" in forced:
+    if name in forced or ("all" in forced and part.fallback is not None):
         return Verdict(part, False, None, f"{name} switched off (FEDHET_FLOWER_PARTS_OFF)")
     try:
         digest = fingerprint(part)

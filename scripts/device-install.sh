@@ -72,7 +72,9 @@ where the keys are; copy only it to the device, then tar xzf node-0-bundle.tar.g
                          tests and needs --dry-run (a virtualenv cannot be moved)
   --dry-run              build the virtualenv and write the files under a prefix (--prefix,
                          or a new temporary folder), but run no useradd, chown or
-                         systemctl: print them instead
+                         systemctl: print them instead (downloads torch: GBs)
+  --plan                 check everything and print what the install would do, then stop:
+                         downloads, builds, writes and changes nothing (no root needed)
   -h, --help             this text
 EOF
 }
@@ -91,12 +93,14 @@ KEY=""
 SECRET=""
 SVC_USER="fedhet"
 DRY_RUN=0
+PLAN=0
 
 while [ $# -gt 0 ]; do
   opt="$1"
   case "$opt" in
     -h | --help) usage; exit 0 ;;
     --dry-run) DRY_RUN=1; shift; continue ;;
+    --plan) PLAN=1; shift; continue ;;
     --prefix | --python | --wheel | --wheelhouse | --torch-index | --torch-wheels | \
       --superlink | --node-config | --ca | --key | --superexec-secret | --user) ;;
     *) refuse "unknown option $opt (see --help)" ;;
@@ -124,7 +128,9 @@ done
 # makes its temporary prefix first, and removes it again when it refuses).
 DRY_PREFIX=""
 if [ -z "$PREFIX" ]; then
-  if [ "$DRY_RUN" = 1 ]; then
+  if [ "$PLAN" = 1 ]; then
+    PREFIX="/"  # a plan writes nothing: the real paths, only read
+  elif [ "$DRY_RUN" = 1 ]; then
     PREFIX="$(mktemp -d "${TMPDIR:-/tmp}/fedhet-dry-run.XXXXXX")" ||
       fail "could not make a temporary folder for the dry run (TMPDIR=${TMPDIR:-/tmp})"
     DRY_PREFIX="$PREFIX"
@@ -133,11 +139,14 @@ if [ -z "$PREFIX" ]; then
     PREFIX="/"
   fi
 fi
-refuse() { # as above, and a dry run's own temporary prefix goes again
-  printf 'device-install: %s\n' "$*" >&2
-  if [ -n "$DRY_PREFIX" ]; then rm -rf "$DRY_PREFIX"; fi
-  exit 2
+drop_dry_prefix() { # a dry run's own temporary prefix goes again, and says so
+  if [ -n "$DRY_PREFIX" ] && [ -d "$DRY_PREFIX" ]; then
+    rm -rf "$DRY_PREFIX"
+    printf 'device-install: removed the dry run\x27s folder %s\n' "$DRY_PREFIX" >&2
+  fi
 }
+refuse() { printf 'device-install: %s\n' "$*" >&2; drop_dry_prefix; exit 2; }
+fail() { printf 'device-install: %s\n' "$*" >&2; drop_dry_prefix; exit 1; }
 case "$PREFIX" in
   /*) ;;
   *) refuse "--prefix must be an absolute path, got '$PREFIX'" ;;
@@ -150,7 +159,7 @@ VENV="$ROOTFS/opt/fedhet"
 ETC="$ROOTFS/etc/fedhet"
 UNIT_DIR="$ROOTFS/etc/systemd/system"
 
-if [ "$DRY_RUN" = 0 ]; then
+if [ "$DRY_RUN" = 0 ] && [ "$PLAN" = 0 ]; then
   [ -z "$ROOTFS" ] ||
     refuse "--prefix $PREFIX: the virtualenv must be built where it will run (/opt/fedhet); use another prefix only with --dry-run"
   [ "$(id -u)" = 0 ] ||
@@ -316,6 +325,26 @@ if [ -d "$VENV" ] && [ -x "$VENV/bin/python" ]; then
   have="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo broken)"
   [ "$have" = "$PY_VERSION" ] ||
     refuse "$VENV is a Python $have virtualenv, $PY is $PY_VERSION: remove it (sudo rm -r $VENV) or pass --python for Python $have"
+fi
+
+if [ "$PLAN" = 1 ]; then
+  if [ -n "$TORCH_WHEELS" ]; then torch_from="the wheels in $TORCH_WHEELS (${TORCH_FILES[*]})"
+  elif [ -n "$WHEELHOUSE" ]; then torch_from="the wheelhouse $WHEELHOUSE (offline)"
+  else torch_from="$TORCH_INDEX"; fi
+  others_from="the package index (PyPI)"
+  [ -z "$WHEELHOUSE" ] || others_from="$WHEELHOUSE"
+  say "plan (nothing was downloaded, built, written or changed):"
+  printf '  - %s\n' \
+    "Python $PY_VERSION on $ARCH ($PY): a virtualenv at $VENV" \
+    "torch $TORCH_VERSION and torchvision $TORCHVISION_VERSION from $torch_from" \
+    "the other pins of $REQUIREMENTS from $others_from" \
+    "fedhet's wheel: ${WHEEL:-built from this checkout}" \
+    "the service user $SVC_USER ($(id -u "$SVC_USER" >/dev/null 2>&1 && echo exists || echo 'made with useradd --system'))" \
+    "$ETC: node.env (SUPERLINK=${SUPERLINK:-kept}, NODE_CONFIG=${NODE_CONFIG:-kept}), ca.crt, node.key and superexec.secret (0400, $SVC_USER's)" \
+    "state folder ${STATE_DIR:-none (the personal model stays in memory)} (0750, $SVC_USER's)" \
+    "systemd units ${UNITS[*]} in $UNIT_DIR, enabled and started"
+  say "run it with sudo and without --plan to install (a --dry-run builds it under a temporary folder first)"
+  exit 0
 fi
 
 # ------------------------------------------------------------------------ 2. actions
@@ -503,9 +532,11 @@ if [ -n "$STATE_DIR" ] && [ "$DRY_RUN" = 1 ]; then
   mkdir -p "$ROOTFS$STATE_DIR"
   chmod 0750 "$ROOTFS$STATE_DIR"
   run chown "$SVC_USER:" "$ROOTFS$STATE_DIR"
-  did "state folder $ROOTFS$STATE_DIR (0750, the service user's)"
+  did "state folder $ROOTFS$STATE_DIR (0750; $(id -un)'s: a dry run runs no chown, an install gives it to $SVC_USER)"
 elif [ -n "$STATE_DIR" ] && [ -d "$STATE_DIR" ]; then
-  did "state folder $STATE_DIR exists, owned by $SVC_USER"
+  # e.g. made by useradd --create-home just now, with useradd's mode: 0750 either way
+  run chmod 0750 "$STATE_DIR"
+  did "state folder $STATE_DIR exists, owned by $SVC_USER (0750)"
 elif [ -n "$STATE_DIR" ]; then
   run install -d -m 0750 -o "$SVC_USER" -g "$(id -gn "$SVC_USER")" "$STATE_DIR"
   did "state folder $STATE_DIR (0750, owned by $SVC_USER)"

@@ -126,6 +126,30 @@ def test_warm_and_cold_executors_give_the_same_metrics(fed: Federation, tmp_path
     assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
 
 
+def test_every_part_off_falls_back_to_flowers_own_runtime_and_completes(
+    fed: Federation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a Flower that fits none of fedhet's runtime changes gets
+    (``FEDHET_FLOWER_PARTS_OFF=all``, as a failed gate would): each process says which
+    part is off in one line, and the run completes with the warm path's metrics."""
+    monkeypatch.setenv("FEDHET_FLOWER_PARTS_OFF", "all")
+    configs = [
+        {**c, "state-dir": str(tmp_path / "state" / f"node-{i}")}
+        for i, c in enumerate(fed.node_configs)
+    ]
+    with Federation(tmp_path / "off", configs, ROOT, secure=True) as off:
+        outcome = off.run(overrides(fed, "parts-off"), timeout=900)
+        logs = {p.name: p.read_text() for p in (tmp_path / "off" / "logs").glob("*.log")}
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    warm, stock = results(fed, "first")["rounds"], results(fed, "parts-off")["rounds"]
+    keys = ("accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
+    assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
+    node, executor = logs["supernode-0.log"], logs["superexec-0.log"]
+    for part in ("node-polling", "node-objects", "run-watch"):
+        assert node.count(f"; {part} off, using") == 1, part
+    assert executor.count("; warm-executor off, using Flower's subprocess executor") == 1
+
+
 def test_a_second_run_with_changed_app_code_uses_the_new_code(
     fed: Federation, tmp_path: Path
 ) -> None:

@@ -350,7 +350,34 @@ def test_a_dry_run_without_prefix_uses_a_new_temporary_folder_and_says_so(
     prefix = Path(said.group(1))
     assert prefix.parent == node_files["home"] and prefix.name.startswith("fedhet-dry-run.")
     assert f"prefix {prefix}, dry run" in proc.stdout
-    assert (prefix / "opt").is_dir()  # what it got to write before the failure: there
+    # a failed dry run removes its own folder and says so (it wrote there before failing)
+    assert f"removed the dry run's folder {prefix}" in proc.stderr
+    assert not prefix.exists()
+
+
+def test_a_plan_checks_everything_and_changes_nothing(node_files: dict[str, Path]) -> None:
+    """--plan: no root, no prefix, no virtualenv, no download; every step printed."""
+    args = [a for a in settings(node_files) if a not in (str(node_files["prefix"]), "--prefix")]
+    args = [a for a in args if a != "--dry-run"]
+    python = fake_python(node_files["home"], "3.11 aarch64 64")
+    before = sorted(node_files["home"].rglob("*"))
+    proc = run_script([*args, "--plan", "--python", str(python)], node_files["home"])
+    assert proc.returncode == 0, proc.stderr
+    assert "plan (nothing was downloaded, built, written or changed)" in proc.stdout
+    for step in (
+        "a virtualenv at /opt/fedhet",
+        "torch 2.14.1",
+        "/etc/fedhet: node.env",
+        "state folder /var/lib/fedhet",
+        "systemd units",
+    ):
+        assert step in proc.stdout, step
+    assert sorted(node_files["home"].rglob("*")) == before
+    bad = run_script(
+        [*args, "--plan", "--python", str(fake_python(node_files["home"], "3.11 armv7l 32"))],
+        node_files["home"],
+    )
+    assert bad.returncode == 2 and "32-bit" in bad.stderr  # the same checks as an install
 
 
 def test_a_refused_dry_run_without_prefix_leaves_no_folder(node_files: dict[str, Path]) -> None:
