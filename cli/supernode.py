@@ -346,10 +346,18 @@ class HeldTasks:
         self._clock = clock
         self._cond = threading.Condition()
         self._rings = 0
+        self.closing = False
 
     def ring(self) -> None:
         with self._cond:
             self._rings += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The node is stopping: every held request is answered now, none held again
+        (the Runtime API's server then stops at once, with no request to cancel)."""
+        with self._cond:
+            self.closing = True
             self._cond.notify_all()
 
     def __call__(self, request: Any, state: Any) -> Any:
@@ -361,7 +369,7 @@ class HeldTasks:
                 seen = self._rings
             answer = self._acquire(request, state)
             left = deadline - self._clock()
-            if answer.HasField("task") or left <= 0:
+            if answer.HasField("task") or left <= 0 or self.closing:
                 return answer
             with self._cond:
                 if self._rings == seen:
@@ -902,6 +910,11 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     if not fast and watching and gate.use("held-tasks"):
         held = HeldTasks(flower_internal(RUNTIME_HANDLERS, "acquire_task"))
         setattr(handlers, "acquire_task", held)  # noqa: B010
+        # on SIGTERM, before Flower stops its Runtime API server (which waited for the
+        # held requests, then cancelled them with tracebacks)
+        flower_internal("flwr.supercore.exit", "add_exit_handler")(
+            held.close, run_before_force_exit=True
+        )
     if watching:
         watch = RunWatch(
             flower_internal(name, "_pull_and_store_message"),

@@ -109,7 +109,12 @@ PARTS: tuple[Part, ...] = (
     Part(
         "held-tasks",
         "the SuperNode holds its executor's task request until a message arrives",
-        (f"{NODE_HANDLERS}:acquire_task", "flwr.supercore.routers.runtime.router:acquire_task"),
+        (
+            f"{NODE_HANDLERS}:acquire_task",
+            "flwr.supercore.routers.runtime.router:acquire_task",
+            "flwr.supercore.exit:add_exit_handler",
+            "flwr.supernode.cli.flower_supernode:flower_supernode",
+        ),
         "the executor polls for tasks",
         "supernode",
     ),

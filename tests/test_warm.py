@@ -501,6 +501,27 @@ def test_node_holds_a_task_request_until_a_message_arrives() -> None:
     assert len(calls) <= 2  # held, not polled
 
 
+def test_a_stopping_node_answers_its_held_task_request_at_once() -> None:
+    """SIGTERM: Flower's exit handler stops the Runtime API server, which waited for a
+    held request (up to TASK_HOLD_S) and then cancelled it with tracebacks; ``close``
+    (registered to run first) answers it now and holds none again."""
+    import threading
+    import time as pytime
+    import types as pytypes
+
+    from cli.supernode import HeldTasks
+
+    held = HeldTasks(lambda request, state: _Answer(False), hold_s=30.0)
+    ask = pytypes.SimpleNamespace(supported_task_types=["clientapp"], agentapp_fab_hashes=[])
+    threading.Timer(0.2, held.close).start()
+    t0 = pytime.monotonic()
+    assert not held(ask, _TaskState()).HasField("task")
+    assert pytime.monotonic() - t0 < 5.0  # not the 30 s hold
+    t0 = pytime.monotonic()
+    held(ask, _TaskState())
+    assert pytime.monotonic() - t0 < 5.0  # closed: never held again
+
+
 def _pace_only_executor():  # type: ignore[no-untyped-def]
     """A WarmExecutor without its fork server (``pace``, ``reconcile`` and ``watch``
     need only its children and a logger)."""
