@@ -10,6 +10,9 @@
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
+# the build stage is left behind as an untagged image (GBs: torch and its wheels);
+# `docker image prune --force --filter label=org.fedhet.stage=build` removes it
+LABEL org.fedhet.stage=build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/fedhet
