@@ -63,6 +63,10 @@ class Model:
         norm = self.card["normalisation"]
         self.mean = np.asarray(norm["mean"], np.float32).reshape(1, -1, 1, 1)
         self.std = np.asarray(norm["std"], np.float32).reshape(1, -1, 1, 1)
+        source = self.card["input"].get("resized-from")
+        self.source: tuple[int, int] | None = (int(source[0]), int(source[1])) if source else None
+        """The images' own size when the model was trained on them resized (the card's
+        ``input.resized-from``): such images are resized the same way here."""
         self.input = self.session.get_inputs()[0].name
 
     def _card(self, path: Path) -> dict[str, Any]:
@@ -84,12 +88,21 @@ class Model:
         return card
 
     def normalise(self, pixels: np.ndarray) -> np.ndarray:
-        """``uint8 [n, C, H, W]`` -> the model's input (the card's mean and std)."""
+        """``uint8 [n, C, H, W]`` -> the model's input (the card's mean and std; resized
+        as in training when the card says the model was trained on resized images)."""
         x = pixels.astype(np.float32) / np.float32(255.0)
-        return ((x - self.mean) / self.std).astype(np.float32)
+        return self.resized(((x - self.mean) / self.std).astype(np.float32))
+
+    def resized(self, x: np.ndarray) -> np.ndarray:
+        """``x`` at the model's input size when it has the card's ``resized-from`` size."""
+        if self.source is None or tuple(x.shape[2:]) != self.source:
+            return x
+        return bilinear(x, self.height, self.width)
 
     def check(self, x: np.ndarray, where: str) -> None:
         want = (self.channels, self.height, self.width)
+        if self.source is not None and tuple(x.shape[1:]) == (self.channels, *self.source):
+            return  # resized as in training
         if tuple(x.shape[1:]) != want:
             raise PredictError(
                 f"{where}: images of {x.shape[1]} channel(s), {x.shape[2]}x{x.shape[3]} "
@@ -104,6 +117,23 @@ class Model:
             for i in range(0, len(x), batch_size)
         ]
         return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
+
+
+def bilinear(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``float32 [n, C, h, w]`` resized to ``[n, C, height, width]`` as torch's
+    ``interpolate(mode="bilinear", align_corners=False)`` does (half-pixel centres,
+    source positions below 0 clamped), without torch."""
+
+    def taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = np.maximum((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+        low = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+        high = np.minimum(low + 1, n_in - 1)
+        return low, high, (src - low).astype(np.float32)
+
+    r0, r1, rw = taps(x.shape[2], height)
+    c0, c1, cw = taps(x.shape[3], width)
+    rows = x[:, :, r0, :] * (1 - rw)[:, None] + x[:, :, r1, :] * rw[:, None]
+    return (rows[..., c0] * (1 - cw) + rows[..., c1] * cw).astype(np.float32)
 
 
 def read_image(path: Path, model: Model) -> np.ndarray:
@@ -154,7 +184,7 @@ def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
         inputs = model.normalise(pixels)
     elif x.dtype == np.float32 and x.ndim == 4:
         model.check(x, f"{path} 'x'")
-        inputs = np.ascontiguousarray(x)
+        inputs = model.resized(np.ascontiguousarray(x))
     else:
         raise PredictError(
             f"{path}: 'x' is {x.dtype} {list(x.shape)}; expected uint8 [n, H, W(, C)] "

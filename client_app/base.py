@@ -139,6 +139,7 @@ class NodeSpec:
             derive_seed(cfg.seed, self.partition_id),
             cfg.data.min_train_samples,
             cfg.data.min_test_samples,
+            cfg.data.image_size,
         )
 
 

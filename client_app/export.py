@@ -238,6 +238,11 @@ def model_card(
             "shape": ["batch", data.in_channels, data.image_size, data.image_size],
             "dtype": "float32",
             "layout": "NCHW",
+            **(
+                {"resized-from": [data.resized_from, data.resized_from], "resize": "bilinear"}
+                if data.resized_from
+                else {}
+            ),
         },
         "normalisation": {
             "rule": "x[c] = (pixel[c] / 255 - mean[c]) / std[c]",

@@ -32,7 +32,8 @@ def unfit_reason(exc: BaseException) -> str:
     if "too small" in text and "image_size" in text:
         return (
             f"model: {text} (the model families take images of at least {MIN_SIDE} px: "
-            f"resize the data set's images to {MIN_SIDE} px or more)"
+            f"set data.image-size to {MIN_SIDE} or more, or 0 to resize small images "
+            "automatically)"
         )
     if isinstance(exc, (ValueError, KeyError, OSError)):
         return f"data or model: {type(exc).__name__}: {text}"

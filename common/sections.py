@@ -78,6 +78,10 @@ class DataConfig(Section):
     """Minimum local test samples per client (as ``data.min-train-samples``)."""
     cache_dir: str = ""
     """Where computed partitions are cached; empty = ``~/.cache/fedhet/partitions``."""
+    image_size: int = Field(0, ge=0)
+    """Side in pixels the images are resized to (bilinear) as a node loads them; 0 = as
+    they are, except images smaller than 16 px (the smallest input of the model
+    families' stems), which go up to 16 px (one log line says so)."""
 
 
 class ModelConfig(Section):

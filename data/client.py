@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from logging import INFO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,50 @@ class ClientData:
     in_channels: int
     image_size: int
     train_class_counts: NDArray[np.int64]
+    resized_from: int = 0
+    """The images' own side when they were resized to ``image_size`` (0: not resized)."""
+
+
+MIN_SIDE = 16
+"""The smallest image side the model families' stems take (``models/nets.py``)."""
+
+
+def target_side(side: int, requested: int = 0) -> int:
+    """The side images of ``side`` px are used at: ``requested`` (``data.image-size``)
+    when set, else :data:`MIN_SIDE` for smaller images, else their own."""
+    if requested > 0:
+        return requested
+    return max(side, MIN_SIDE)
+
+
+def resize(images: torch.Tensor, side: int) -> torch.Tensor:
+    """``[n, C, H, W]`` to ``[n, C, side, side]``, bilinear, half-pixel centres (torch's
+    ``interpolate(..., align_corners=False)``; ``cli/predict.py`` repeats it in numpy)."""
+    import torch.nn.functional as F
+
+    if images.shape[-1] == side and images.shape[-2] == side:
+        return images
+    return F.interpolate(images, size=(side, side), mode="bilinear", align_corners=False)
+
+
+_said_resized: set[tuple[int, int]] = set()
+
+
+def _say_resized(side: int, target: int) -> None:
+    if (side, target) in _said_resized:
+        return
+    _said_resized.add((side, target))
+    from flwr.common.logger import log
+
+    log(
+        INFO,
+        "fedhet: images are %dx%d px; resized to %dx%d (bilinear) as they load "
+        "(data.image-size chooses the side)",
+        side,
+        side,
+        target,
+        target,
+    )
 
 
 def to_tensor(x: NDArray[Any], mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -140,19 +185,26 @@ def _client_data(
     test: tuple[NDArray[Any], NDArray[np.int64]],
     num_classes: int,
     stats: Stats,
+    image_size: int = 0,
 ) -> ClientData:
     import torch
 
-    x_train = to_tensor(train[0], *stats)
+    x_train, x_test = to_tensor(train[0], *stats), to_tensor(test[0], *stats)
+    side = int(x_train.shape[2])
+    target = target_side(side, image_size)
+    if target != side:
+        _say_resized(side, target)
+        x_train, x_test = resize(x_train, target), resize(x_test, target)
     return ClientData(
         x_train=x_train,
         y_train=torch.from_numpy(train[1]),
-        x_test=to_tensor(test[0], *stats),
+        x_test=x_test,
         y_test=torch.from_numpy(test[1]),
         num_classes=num_classes,
         in_channels=int(x_train.shape[1]),
-        image_size=int(x_train.shape[2]),
+        image_size=target,
         train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
+        resized_from=side if target != side else 0,
     )
 
 
@@ -210,7 +262,11 @@ def load_client_data(
     train_file, test_file = client_files(folder, partition_id)
     num_classes, stats = _folder_info(str(folder.resolve()))
     data = _client_data(
-        _read_client_file(train_file), _read_client_file(test_file), num_classes, stats
+        _read_client_file(train_file),
+        _read_client_file(test_file),
+        num_classes,
+        stats,
+        cfg.image_size,
     )
     _remember(key, data)
     return data
@@ -235,7 +291,8 @@ def load_global_test(
         return None
     _, stats = _folder_info(str(folder.resolve()))
     x, y = _read_client_file(path)
-    return to_tensor(x, *stats), torch.from_numpy(y)
+    images = to_tensor(x, *stats)
+    return resize(images, target_side(int(images.shape[2]), cfg.image_size)), torch.from_numpy(y)
 
 
 def load_local_data(
@@ -245,6 +302,7 @@ def load_local_data(
     seed: int = 0,
     min_train_samples: int = 1,
     min_test_samples: int = 1,
+    image_size: int = 0,
 ) -> ClientData:
     """A device's own dataset, split locally; no global partition is involved.
 
@@ -288,4 +346,4 @@ def load_local_data(
         )  # fmt: skip
         train = (ds.x_train[train_idx], ds.y_train[train_idx])
         test = (ds.x_train[test_idx], ds.y_train[test_idx])
-    return _client_data(train, test, ds.num_classes, stats)
+    return _client_data(train, test, ds.num_classes, stats, image_size)

@@ -30,17 +30,18 @@ def _tabular(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("make", "says"),
+    ("make", "extra", "says"),
     [
-        (_small_images, "partition 0: model: image_size 8 is too small; need at least 16"),
-        (_tabular, "partition 0: data: array 'x' in"),
+        (
+            _small_images,
+            " data.image-size=8",  # kept at 8 px on purpose: too small for the stems
+            "partition 0: model: image_size 8 is too small; need at least 16",
+        ),
+        (_tabular, "", "partition 0: data: array 'x' in"),
     ],
 )
-def test_simulate_stops_before_flower_with_one_line(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    make,
-    says: str,  # type: ignore[no-untyped-def]
+def test_simulate_stops_before_flower_with_one_line(  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make, extra: str, says: str
 ) -> None:
     import cli.launch
     from cli.main import app
@@ -55,7 +56,7 @@ def test_simulate_stops_before_flower_with_one_line(
         [
             "simulate",
             "-c",
-            f"data.name='npz' data.root='{data}' data.cache-dir='{tmp_path / 'c'}'",
+            f"data.name='npz' data.root='{data}' data.cache-dir='{tmp_path / 'c'}'{extra}",
             "--num-supernodes",
             "4",
         ],
@@ -74,6 +75,7 @@ def test_a_node_that_cannot_run_answers_with_its_cause(tmp_path: Path) -> None:
             "data.name": "npz",
             "data.root": str(_small_images(tmp_path)),
             "data.cache-dir": str(tmp_path / "c"),
+            "data.image-size": 8,
         }
     )
     context = Context(
@@ -104,3 +106,41 @@ def test_the_server_stops_with_the_nodes_causes_not_no_node_answered(tmp_path: P
     text = str(stop.value)
     assert "no node can run (3 answered with a cause)" in text
     assert "data: array 'x' in" in text and "expected uint8 pixels" in text
+
+
+def test_small_images_are_resized_up_to_what_the_stems_take(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """8x8 images, no key: every node loads them at 16x16 (bilinear, as torch's
+    interpolate), says so once, and a run completes; data.image-size picks another side."""
+    import logging
+
+    import torch
+    import torch.nn.functional as F
+
+    from common.config import parse_run_config
+    from data import load_client_data
+    from data.client import _said_resized
+    from server_app.inprocess import run_inprocess
+
+    root = _small_images(tmp_path)
+    base = {"data.name": "npz", "data.root": str(root), "data.cache-dir": str(tmp_path / "c")}
+    _said_resized.clear()
+    with caplog.at_level(logging.INFO):
+        data = load_client_data(parse_run_config(base).data, 0, 4, 0)
+        load_client_data(parse_run_config(base).data, 1, 4, 0)
+    assert data.image_size == 16 and data.resized_from == 8
+    assert tuple(data.x_train.shape[1:]) == (1, 16, 16)
+    said = [r.getMessage() for r in caplog.records if "resized to" in r.getMessage()]
+    assert said == [
+        "fedhet: images are 8x8 px; resized to 16x16 (bilinear) as they load "
+        "(data.image-size chooses the side)"
+    ]
+    wider = load_client_data(parse_run_config({**base, "data.image-size": 24}).data, 0, 4, 0)
+    assert wider.image_size == 24 and wider.resized_from == 8
+    plain = load_client_data(parse_run_config({**base, "data.image-size": 8}).data, 0, 4, 0)
+    assert plain.resized_from == 0
+    expected = F.interpolate(plain.x_train, size=(16, 16), mode="bilinear", align_corners=False)
+    assert torch.equal(data.x_train, expected)
+    results, _ = run_inprocess(tmp_path / "run", 2, algorithm="local", **base)
+    assert results["rounds"][-1]["accuracy"] is not None
