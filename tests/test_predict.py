@@ -216,3 +216,30 @@ def test_more_bad_input_is_one_line_and_exit_1(
     out = capsys.readouterr()
     lines = out.err.splitlines()
     assert out.out == "" and len(lines) == 1 and says in lines[0], out.err
+
+
+@pytest.mark.slow  # a run and an export: 30 s
+def test_a_model_trained_on_resized_images_gets_them_resized_the_same_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """8x8 images, resized to 16x16 as nodes load them: the card says so, and predict
+    resizes the raw 8x8 pixels the same way (numpy), giving torch's classes."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "digits8.npz"
+    np.savez(data, x=rng.integers(0, 256, (300, 8, 8), dtype=np.uint8), y=rng.integers(0, 4, 300))
+    run_config = small_config(
+        tmp_path,
+        algorithm="local",
+        **{"num-server-rounds": 1, "data.name": "npz", "data.root": str(data)},
+    )
+    cfg = parse_run_config(run_config)
+    out = serve(FakeGrid(client_app, run_config, 2), cfg, True).parent  # type: ignore[arg-type]
+    model = export_run(out, tmp_path / "onnx", client=0, echo=lambda _: None)[0]
+    card = json.loads(model.with_suffix(".json").read_text())
+    assert card["input"]["shape"][1:] == [1, 16, 16] and card["input"]["resized-from"] == [8, 8]
+    hook, client, _ = replay(evaluated_files(out, 0)[0])
+    with torch.no_grad():
+        want = predictor(hook, client).eval()(client.data.x_test).argmax(1).tolist()
+    npz = client_files(prepare_partition(cfg.data, 2, cfg.seed), 0)[1]
+    assert run(model, [npz]) == 0
+    assert predicted(capsys.readouterr().out) == want
