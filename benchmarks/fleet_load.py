@@ -1,0 +1,351 @@
+"""One server, many devices: a fleet of emulated nodes on the real protocol.
+
+A real SuperLink (TLS, SuperNode authentication, its requests counted by path), the real
+ServerApp with the real strategy, and N emulated SuperNodes in a few processes
+(``benchmarks.fleet_node``: each node its own key, registered as ``flwr supernode
+register`` registers it, Flower's own Fleet API client and node loop with fedhet's node
+policy; no torch: replies of the method's real shapes from templates captured here from
+fedhet's real ClientApp, after ``--delay`` seconds). Every node is sampled every round.
+
+Measured: the registration time of N keys and the time until N nodes are online; each
+round's time and its overhead beyond the slowest node's delay; CPU seconds of the
+SuperLink and the ServerApp (cgroup ``cpuacct``, exact) and of the emulator processes,
+per node-round, over the whole run and from the end of round 1 (steady state); the
+SuperLink's requests per node-round by kind; the SuperLink's peak memory and open
+sockets; replies aggregated and lost (results.json's ``valid-replies``; the emulators'
+errors).
+
+    python -m benchmarks.fleet_load --nodes 100 --algorithm lgfedavg --rounds 5
+    python -m benchmarks.fleet_load --nodes 8 --real     # real fedhet supernodes instead
+    python -m benchmarks.fleet_load --nodes 3 --rounds 2 --delay 0.2   # the fast test's size
+
+Rows are appended to ``--out`` (JSON list). Needs root (cgroup v1 ``cpuacct``) and the
+project's ``.venv`` activated (Flower's commands on PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.server_cost import (
+    CountingFederation,
+    FirstRound,
+    RoleGroups,
+    minus,
+    read_counts,
+    request_kind,
+)
+from cli.federation import CONNECTION
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = {
+    "data.name": "fashion-mnist",
+    "data.fraction": 0.05,
+    "data.alpha": 0.5,
+    "train.batch-size": 10,
+}
+"""The run's data settings (the ServerApp builds its models from the nodes' profiles;
+the templates are captured with the same settings)."""
+
+
+# ------------------------------------------------------------------ templates
+def capture_templates(algorithm: str, config: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Run fedhet's real ClientApp in-process for 2 rounds on 2 nodes and describe one
+    reply of each kind (profile, train, train with the previous round's evaluation,
+    evaluate)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from benchmarks.fleet_node import describe, template_key
+    from client_app.app import app as client_app
+    from server_app.inprocess import run_inprocess
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    templates: dict[str, Any] = {}
+
+    def capturing(message: Any, context: Any) -> Any:
+        reply = client_app(message, context)
+        key = template_key(message)
+        if key not in templates and not reply.has_error():
+            templates[key] = describe(reply, message)
+        return reply
+
+    run_inprocess(
+        work / "capture",
+        2,
+        app=capturing,  # type: ignore[arg-type]
+        algorithm=algorithm,
+        **{"num-server-rounds": 2, **config},
+    )
+    return templates
+
+
+# ------------------------------------------------------------------ the federation
+class EmulatedFederation(CountingFederation):
+    """A :class:`CountingFederation` whose N nodes are emulated (``fleet_node``
+    processes) unless ``real``: keys registered in one client session (what ``flwr
+    supernode register`` sends, N times), timed."""
+
+    processes: int = 2
+    templates: Path = Path()
+    delay: float = 1.0
+    jitter: float = 0.0
+    real: bool = False
+    timings: dict[str, float]
+
+    def start(self) -> None:
+        from cli.launch import write_connection
+        from cli.security import make_certificates, make_node_keys, make_superexec_secrets
+
+        self.timings = {}
+        n = len(self.node_configs)
+        assert self.certs is not None, "the fleet runs with TLS and node authentication"
+        make_certificates(self.certs, ["localhost", "127.0.0.1"])
+        t0 = time.monotonic()
+        make_node_keys(self.keys, n)
+        self.timings["keygen-s"] = time.monotonic() - t0
+        if self.real:
+            make_superexec_secrets(self.keys, n)
+        self.start_superlink()
+        write_connection(
+            self.home, CONNECTION, f"127.0.0.1:{self.port}", root_certificates=self.certs / "ca.crt"
+        )
+        t0 = time.monotonic()
+        self.register_all(n)
+        self.timings["registration-s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        if self.real:
+            for i in range(n):
+                self.start_node(i)
+        else:
+            per = -(-n // self.processes)
+            for p, first in enumerate(range(0, n, per)):
+                self.procs.start(
+                    f"emulator-{p}", self.emulator_command(first, min(per, n - first), p)
+                )
+        self.wait_online(n, timeout=120 + 0.5 * n)
+        self.timings["online-s"] = time.monotonic() - t0
+
+    def register_all(self, n: int) -> None:
+        from flwr.cli.flower_config import read_superlink_connection
+        from flwr.cli.supernode.register import try_load_public_key
+        from flwr.cli.utils import init_http_client_from_connection
+        from flwr.proto.control_pb2 import RegisterNodeRequest
+
+        old = os.environ.get("FLWR_HOME")
+        os.environ["FLWR_HOME"] = str(self.home)
+        try:
+            client = init_http_client_from_connection(read_superlink_connection(CONNECTION))
+            try:
+                for i in range(n):
+                    key = try_load_public_key(self.keys / f"node-{i}.pub")
+                    self.node_ids[i] = int(
+                        client.RegisterNode(RegisterNodeRequest(public_key=key)).node_id
+                    )
+            finally:
+                client.close()
+        finally:
+            if old is None:
+                os.environ.pop("FLWR_HOME", None)
+            else:
+                os.environ["FLWR_HOME"] = old
+
+    def emulator_command(self, first: int, count: int, p: int) -> list[str]:
+        assert self.certs is not None
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.fleet_node",
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--ca",
+            str(self.certs / "ca.crt"),
+            "--keys",
+            str(self.keys),
+            "--first",
+            str(first),
+            "--count",
+            str(count),
+            "--num-partitions",
+            str(len(self.node_configs)),
+            "--templates",
+            str(self.templates),
+            "--stats",
+            str(self.stats_path(p)),
+            "--delay",
+            str(self.delay),
+            "--jitter",
+            str(self.jitter),
+        ]
+
+    def stats_path(self, p: int) -> Path:
+        return self.workdir / "logs" / f"emulator-{p}.json"
+
+    def emulator_stats(self) -> dict[str, Any]:
+        total: dict[str, Any] = {"handled": {}, "errors": [], "online": 0}
+        for path in sorted((self.workdir / "logs").glob("emulator-*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_text())
+                for k, v in data["handled"].items():
+                    total["handled"][k] = total["handled"].get(k, 0) + v
+                total["errors"] += data["errors"]
+                total["online"] += data["online"]
+        return total
+
+
+class SuperLinkProbe(threading.Thread):
+    """The SuperLink's peak resident memory and open sockets (every 0.5 s)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.stop = pid, threading.Event()
+        self.peak_rss_mb = 0.0
+        self.peak_sockets = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.peak_rss_mb = max(self.peak_rss_mb, int(line.split()[1]) / 1024)
+                fds = Path(f"/proc/{self.pid}/fd")
+                sockets = sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+                self.peak_sockets = max(self.peak_sockets, sockets)
+
+
+# ------------------------------------------------------------------ one measurement
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config = {**DATA, "eval-mode": args.eval_mode}
+    templates = work / "templates.json"
+    if not args.real:
+        templates.write_text(json.dumps(capture_templates(args.algorithm, config, work)))
+    n = args.nodes
+    fed = EmulatedFederation(
+        work / "fed",
+        [{"partition-id": i, "num-partitions": n} for i in range(n)],
+        ROOT,
+        durable=not args.memory_state,
+    )
+    fed.processes, fed.templates, fed.delay, fed.jitter = (
+        args.processes,
+        templates,
+        args.delay,
+        args.jitter,
+    )
+    fed.real = args.real
+    out = work / "run"
+    overrides = {
+        "algorithm": args.algorithm,
+        "num-server-rounds": args.rounds,
+        "min-available-nodes": n,
+        "out-dir": str(out),
+        "data.cache-dir": str(work / "cache"),
+        "round-timeout": args.round_timeout,
+        **config,
+    }
+    with fed, RoleGroups(fed) as groups:
+        probe = SuperLinkProbe(fed.procs.procs["superlink"].pid)
+        probe.start()
+        first = FirstRound(out / "results.json", groups, fed.counts_path)
+        first.start()
+        c0, r0, t0 = groups.usage(), read_counts(fed.counts_path), time.monotonic()
+        outcome = fed.run(overrides, timeout=args.round_timeout * (args.rounds + 2))
+        wall = time.monotonic() - t0
+        c1, r1 = groups.usage(), read_counts(fed.counts_path)
+        first.stop.set()
+        probe.stop.set()
+        emulated = fed.emulator_stats()
+        timings = dict(fed.timings)
+    if not outcome.ok:
+        tail = outcome.log_path.read_text(errors="replace")[-3000:]
+        errors = "\n".join(emulated["errors"][:5])
+        raise SystemExit(f"N={n}: run {outcome.status}:\n{tail}\nemulators: {errors}")
+    results = json.loads((out / "results.json").read_text())
+    rounds = results["rounds"]
+    slowest = args.delay + args.jitter
+    cpu, req = minus(c1, c0), minus(r1, r0)
+    row: dict[str, Any] = {
+        "nodes": n,
+        "algorithm": args.algorithm,
+        "state": "memory" if args.memory_state else "database",
+        "nodes-kind": "real" if args.real else "emulated",
+        "rounds": args.rounds,
+        "delay-s": args.delay,
+        "jitter-s": args.jitter,
+        "processes": args.processes,
+        **timings,
+        "run-wall-s": wall,
+        "round-time-s": [r["round-time-s"] for r in rounds],
+        "round-overhead-s": [r["round-time-s"] - (0 if args.real else slowest) for r in rounds],
+        "valid-replies": [r.get("valid-replies") for r in rounds],
+        "lost-replies": sum(n - (r.get("valid-replies") or 0) for r in rounds),
+        "emulator-errors": emulated["errors"][:20],
+        "emulator-error-count": len(emulated["errors"]),
+        "server-cpu-s": cpu.get("superlink", 0) + cpu.get("serverapp", 0),
+        "cpu-s": cpu,
+        "requests": {request_kind(k): v for k, v in sorted(req.items()) if v},
+        "superlink-peak-rss-mb": probe.peak_rss_mb,
+        "superlink-peak-sockets": probe.peak_sockets,
+    }
+    node_rounds = n * args.rounds
+    row["server-cpu-s-per-node-round"] = row["server-cpu-s"] / node_rounds
+    row["requests-per-node-round"] = sum(row["requests"].values()) / node_rounds
+    row["requests-per-node-round-by-kind"] = {
+        k: v / node_rounds for k, v in row["requests"].items()
+    }
+    if first.at is not None and args.rounds >= 2:
+        cpu_1, req_1, _ = first.at
+        steady_cpu, steady_req = minus(c1, cpu_1), minus(r1, req_1)
+        steady_rounds = n * (args.rounds - 1)
+        row["steady-server-cpu-s-per-node-round"] = (
+            steady_cpu.get("superlink", 0) + steady_cpu.get("serverapp", 0)
+        ) / steady_rounds
+        row["steady-requests-per-node-round"] = sum(steady_req.values()) / steady_rounds
+        row["steady-requests-by-kind"] = {
+            request_kind(k): v / steady_rounds for k, v in sorted(steady_req.items()) if v
+        }
+    overheads = row["round-overhead-s"][1:] or row["round-overhead-s"]
+    row["median-round-overhead-s"] = statistics.median(overheads)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--algorithm", default="lgfedavg")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--delay", type=float, default=1.0, help="seconds a node 'trains'")
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--processes", type=int, default=2, help="emulator processes")
+    parser.add_argument("--memory-state", action="store_true")
+    parser.add_argument("--real", action="store_true", help="real fedhet supernodes")
+    parser.add_argument("--eval-mode", default="with-train")
+    parser.add_argument("--round-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fleet-load.json")
+    parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    args = parser.parse_args()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        row = measure(args, args.workdir.resolve())
+    else:
+        with tempfile.TemporaryDirectory(prefix="fedhet-fleet-load-") as tmp:
+            row = measure(args, Path(tmp))
+    rows = json.loads(args.out.read_text()) if args.out.exists() else []
+    rows.append({**row, "date": time.strftime("%Y-%m-%d %H:%M")})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    show = {k: v for k, v in row.items() if k not in ("cpu-s", "requests", "emulator-errors")}
+    print(json.dumps(show, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Emulated SuperNodes on the real protocol, many per process, without torch.
+
+Each emulated node is a thread with its own key, Flower's own Fleet API client
+(``http_request_response``: TLS, node authentication, registration and heartbeats as a
+SuperNode has them) and Flower's own node loop functions (``_pull_and_store_message``,
+``_push_messages``) driven by fedhet's node policy: :class:`cli.supernode.RunWatch`
+(confirmation sent along), :class:`cli.supernode.PacedSleep` (idle pulls paced by
+when the next message is due) and fedhet's object concurrency. Where a real node hands
+the message to its executor, an emulated one answers it itself: after ``--delay``
+seconds (train and evaluate messages) it stores a reply of the method's real shapes
+and records, made from a template captured from fedhet's real ClientApp
+(``benchmarks.fleet_load``): arrays the node also received go back perturbed, others
+are drawn at their template's shape; metric and config records are the template's,
+with this node's partition id. Nothing here imports torch.
+
+    python -m benchmarks.fleet_node --superlink 127.0.0.1:PORT --ca CA --keys DIR \\
+        --first 0 --count 250 --num-partitions 1000 --templates T.json --stats S.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUPERNODE = "flwr.supernode.start_client_internal"
+NOISE = 1e-4
+"""Relative noise on arrays sent back: every reply's objects are new (Flower
+deduplicates identical objects, which would understate the bytes)."""
+
+
+# ------------------------------------------------------------------ templates
+def encode_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"bytes": base64.b64encode(value).decode()}
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"bytes"}:
+        return base64.b64decode(value["bytes"])
+    return value
+
+
+def describe(reply: Any, received: Any) -> dict[str, Any]:
+    """A reply's structure and records as JSON: per array record its arrays' shapes
+    and dtypes (``same``: the received message had the same record, keys and shapes),
+    metric and config records with their values."""
+    content = reply.content
+    got = received.content.array_records
+    arrays = {}
+    for name, record in content.array_records.items():
+        keys = {k: [list(a.shape), str(a.dtype)] for k, a in record.items()}
+        same = (
+            name in got and {k: [list(a.shape), str(a.dtype)] for k, a in got[name].items()} == keys
+        )
+        arrays[name] = {"same": same, "keys": keys}
+    return {
+        "arrays": arrays,
+        "metrics": {n: dict(r) for n, r in content.metric_records.items()},
+        "configs": {
+            n: {k: encode_value(v) for k, v in r.items()} for n, r in content.config_records.items()
+        },
+    }
+
+
+def template_key(message: Any, content: Any = None) -> str:
+    """``query.profile``, ``train`` or ``train+eval`` (a training message that carries
+    the previous round's evaluation), ``evaluate``."""
+    kind = str(message.metadata.message_type).split(".")[0]
+    if kind == "query":
+        return str(message.metadata.message_type)
+    from common.messages import EVAL_CONFIG
+
+    records = (message.content if content is None else content).config_records
+    return f"{kind}+eval" if EVAL_CONFIG in records else kind
+
+
+def build_reply(
+    received: Any,
+    content: Any,
+    template: dict[str, Any],
+    partition_id: int,
+    rng: np.random.Generator,
+) -> Any:
+    """A reply to ``received`` (its metadata as the node stored it; ``content``: what
+    it carried) with ``template``'s records (see :func:`describe`)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    records: dict[str, Any] = {}
+    got = content.array_records
+    for name, spec in template["arrays"].items():
+        arrays = {}
+        for key, (shape, dtype) in spec["keys"].items():
+            if spec["same"] and name in got and key in got[name]:
+                base = got[name][key].numpy()
+                scale = NOISE * (float(np.abs(base).mean()) or 1.0)
+                value = base + rng.normal(0.0, scale, base.shape).astype(base.dtype)
+            else:
+                value = rng.normal(0.0, 0.1, shape).astype(dtype)
+            arrays[key] = Array(np.ascontiguousarray(value))
+        records[name] = ArrayRecord(arrays)
+    for name, values in template["metrics"].items():
+        records[name] = MetricRecord(dict(values))
+    for name, values in template["configs"].items():
+        decoded = {k: decode_value(v) for k, v in values.items()}
+        if "partition-id" in decoded:
+            decoded["partition-id"] = partition_id
+        records[name] = ConfigRecord(decoded)
+    return Message(RecordDict(records), reply_to=received)
+
+
+# ------------------------------------------------------------------ one node
+class Stats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.data: dict[str, Any] = {"handled": {}, "errors": [], "online": 0, "connect-s": []}
+
+    def add(self, kind: str) -> None:
+        with self.lock:
+            self.data["handled"][kind] = self.data["handled"].get(kind, 0) + 1
+
+    def error(self, text: str) -> None:
+        with self.lock:
+            self.data["errors"].append(text[:500])
+
+    def online(self, seconds: float) -> None:
+        with self.lock:
+            self.data["online"] += 1
+            self.data["connect-s"].append(round(seconds, 3))
+
+    def write(self, path: Path) -> None:
+        with self.lock:
+            text = json.dumps(self.data)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:
+    """Node ``index``: connect, then Flower's loop with fedhet's node policy, answering
+    each message from its template; until the process ends."""
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.common.constant import SubStatus
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.fleet_http_connection import http_request_response
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
+
+    loop = importlib.import_module(SUPERNODE)
+    key = load_ssh_private_key((Path(args.keys) / f"node-{index}").read_bytes(), None)
+    node_config = {"partition-id": index, "num-partitions": args.num_partitions}
+    factory = NodeStateFactory(ObjectStoreFactory())
+    state, store = factory.state(), factory.objectstore_factory.store()
+    paced = PacedSleep(time, 0.05)
+    watch = RunWatch(
+        loop._pull_and_store_message,
+        loop._push_messages,
+        sleep=paced.sleep,
+        on_message=paced.arrived,
+        confirm_along=True,
+        inbox=Inbox("legacy"),
+    )
+    rng = np.random.default_rng([args.seed, index])
+    t0 = time.monotonic()
+    with http_request_response(
+        args.superlink,
+        insecure=args.ca is None,
+        root_certificates=None if args.ca is None else Path(args.ca).read_bytes(),
+        authentication_keys=(key, key.public_key()),  # type: ignore[arg-type]
+    ) as conn:
+        node_id, receive, send, get_run, get_fab, pull_object, push_object, confirm = conn
+        state.set_node_id(node_id)
+        stats.online(time.monotonic() - t0)
+        while True:
+            run_id = watch.pull(
+                state=state,
+                object_store=store,
+                node_config=node_config,
+                receive=receive,
+                get_run=get_run,
+                get_fab=get_fab,
+                pull_object=pull_object,
+                confirm_message_received=confirm,
+                trusted_entities=None,
+            )
+            if run_id is None:
+                paced.sleep(FLOWER_IDLE_PULL_S)
+                continue
+            try:
+                # what the Runtime API does for a task: hand the message out, time it
+                [message] = state.get_messages_legacy(run_ids=[run_id], is_reply=False, limit=1)
+                mid = message.metadata.message_id
+                state.record_message_processing_start(message_id=mid)
+                tree = store.get_object_tree(mid)
+                contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}
+                content = inflate_object_from_contents(mid, contents).content
+                kind = template_key(message, content)
+                if not kind.startswith("query"):
+                    time.sleep(args.delay + random.uniform(0.0, args.jitter))
+                reply = build_reply(message, content, templates[kind], index, rng)
+                loop._insert_message(reply, state, store)
+                state.record_message_processing_end(message_id=mid)
+                for task in state.get_tasks(run_ids=[run_id]):
+                    state.finish_task(task.task_id, sub_status=SubStatus.COMPLETED, details="")
+                stats.add(kind)
+            except Exception as exc:  # noqa: BLE001 - counted: a lost reply
+                stats.error(f"node {index}: {type(exc).__name__}: {exc}")
+            watch.push(state=state, object_store=store, send=send, push_object=push_object)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--superlink", required=True)
+    parser.add_argument("--ca")
+    parser.add_argument("--keys", required=True)
+    parser.add_argument("--first", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--num-partitions", type=int, required=True)
+    parser.add_argument("--templates", required=True)
+    parser.add_argument("--stats", required=True)
+    parser.add_argument("--delay", type=float, default=1.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ramp-s", type=float, default=0.01, help="between two node starts")
+    args = parser.parse_args()
+
+    from common import flower_gate
+    from common.flower_runtime import concurrent_objects, object_concurrency
+
+    count = object_concurrency()
+    if flower_gate.use("node-objects") and count is not None:
+        concurrent_objects(
+            SUPERNODE, "pull_objects", "push_object_contents_from_iterable", count=count
+        )
+    templates = json.loads(Path(args.templates).read_text())
+    stats, path = Stats(), Path(args.stats)
+    for index in range(args.first, args.first + args.count):
+        threading.Thread(
+            target=_guarded, args=(args, index, templates, stats), daemon=True, name=f"node-{index}"
+        ).start()
+        time.sleep(args.ramp_s)
+    while True:
+        stats.write(path)
+        time.sleep(1.0)
+
+
+def _guarded(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:
+    try:
+        run_node(args, index, templates, stats)
+    except BaseException as exc:  # noqa: BLE001 - a node that died is counted
+        stats.error(f"node {index} ended: {type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The fleet emulator (benchmarks/fleet_node.py, benchmarks/fleet_load.py): replies of
+the method's real shapes from captured templates; a real federation of 3 emulated nodes
+completes with every reply aggregated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from benchmarks.fleet_node import build_reply, describe, template_key
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _instruction() -> Message:
+    head = {
+        "head.weight": Array(np.ones((10, 500), np.float32)),
+        "head.bias": Array(np.zeros(10, np.float32)),
+    }
+    msg = Message(
+        RecordDict({"arrays": ArrayRecord(head), "config": ConfigRecord({"server-round": 2})}),
+        dst_node_id=5,
+        message_type="train.lgfedavg",
+    )
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    return msg
+
+
+def test_an_emulated_reply_has_the_real_replys_records_and_shapes() -> None:
+    received = _instruction()
+    real = Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord(
+                    {k: Array(v.numpy() + 1) for k, v in received.content["arrays"].items()}
+                ),
+                "extra": ArrayRecord({"proto": Array(np.ones((3, 7), np.float32))}),
+                "metrics": MetricRecord({"num-examples": 40, "train-loss": 0.5}),
+                "profile": ConfigRecord({"partition-id": 0, "arch": "cnn-1"}),
+            }
+        ),
+        reply_to=received,
+    )
+    template = json.loads(json.dumps(describe(real, received)))  # as the file holds it
+    assert template_key(received) == "train"
+    assert template["arrays"]["arrays"]["same"] and not template["arrays"]["extra"]["same"]
+    rng = np.random.default_rng(0)
+    reply = build_reply(received, received.content, template, 7, rng)
+    assert reply.metadata.reply_to_message_id == received.metadata.message_id
+    got = reply.content
+    sent = received.content["arrays"]["head.weight"].numpy()
+    back = got["arrays"]["head.weight"].numpy()
+    assert back.shape == (10, 500) and back.dtype == np.float32
+    assert 0 < np.abs(back - sent).max() < 1e-2  # what it received, perturbed
+    assert got["extra"]["proto"].numpy().shape == (3, 7)
+    assert dict(got["metrics"]) == {"num-examples": 40, "train-loss": 0.5}
+    assert dict(got["profile"]) == {"partition-id": 7, "arch": "cnn-1"}  # this node's partition
+    again = build_reply(received, received.content, template, 7, rng)
+    assert not np.array_equal(again.content["arrays"]["head.weight"].numpy(), back)  # new objects
+
+
+@pytest.mark.e2e
+def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) -> None:
+    """The benchmark at its smallest: TLS, node auth, real SuperLink and ServerApp."""
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet_load", "--nodes", "3", "--rounds", "2",
+         "--delay", "0.2", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [row] = json.loads(out.read_text())
+    assert row["valid-replies"] == [3, 3] and row["lost-replies"] == 0
+    assert row["emulator-error-count"] == 0
+    assert row["requests"]["fleet/push-messages"] >= 3 * 2 + 3  # profile + 2 rounds (+ final eval)
+    assert row["server-cpu-s"] > 0 and row["superlink-peak-sockets"] > 0
