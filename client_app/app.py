@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from logging import ERROR, WARNING
+from typing import Any
 
 import torch
 from flwr.app import (
@@ -28,6 +29,7 @@ from client_app.preflight import unfit_reason
 from common import methods
 from common.config import Scalar
 from common.messages import EVAL_ARRAYS, EVAL_CONFIG, EVAL_METRICS
+from common.packing import PackingError, is_packed, pack, unpack
 from common.records import to_record, to_torch
 from models.workload import host_speed
 
@@ -240,11 +242,27 @@ def evaluation(
     return metrics
 
 
+def packing(msg: Message, context: Context, call_next: Any) -> Message:
+    """A message that came packed (``pack-messages``, deployment) is unpacked for the
+    node, and its reply goes back packed; anything else passes as it is."""
+    if not msg.has_content() or not is_packed(msg.content):
+        return call_next(msg, context)  # type: ignore[no-any-return]
+    try:
+        msg.content = unpack(msg.content)
+    except PackingError as exc:
+        log(ERROR, "fedhet: a message does not unpack: %s", exc)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"unpack: {exc}"), reply_to=msg)
+    reply: Message = call_next(msg, context)
+    if reply.has_content():
+        reply.content = pack(reply.content)
+    return reply
+
+
 def make_app(mods: list[Mod] | None = None) -> ClientApp:
     """A ClientApp that answers ``query.profile`` and, for every registered method,
     ``train.<name>`` / ``evaluate.<name>`` with that method's client hook; ``mods``
     run before fedhet's own (``parameter_dp``)."""
-    client = ClientApp(mods=[*(mods or []), parameter_dp])
+    client = ClientApp(mods=[packing, *(mods or []), parameter_dp])
     client.query("profile")(profile)
     for method in methods.METHODS.values():
         _route(client, method.name)

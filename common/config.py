@@ -97,6 +97,11 @@ class RunConfig(Section):
     each phase polls ever closer to when its last reply came last round, then fast
     (docs/deployment.md, "How many devices per server"); ``fixed``: every 0.1 s;
     ``flower``: Flower's own grid (every 3 s)."""
+    pack_messages: bool = True
+    """Deployment: a message's records travel as one packed array (``common/packing.py``:
+    4 objects plus one per 5 MB instead of one per record, array and chunk: fewer
+    SuperLink requests per node-round; the numbers are the same). A simulation never
+    packs (nothing crosses a network)."""
     fleet: str = ""
     """Simulation only: device classes of the simulated nodes, ``class:count`` by
     partition id, cycled (``"rpi4:8,rpi5:6,jetson-orin-nano:4,server:2"``); each

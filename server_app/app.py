@@ -37,7 +37,8 @@ def main(grid: Grid, context: Context) -> None:
     simulation = is_simulation(grid)
     cfg = load_config(context)
     # replies polled when due (Flower's HTTP grid polls every 3 s)
-    serve(PollingGrid(grid, mode=cfg.reply_poll), cfg, simulation)
+    packed = cfg.pack_messages and not simulation  # nothing crosses a network in simulation
+    serve(PollingGrid(grid, mode=cfg.reply_poll, pack=packed), cfg, simulation)
 
 
 def serve(grid: Grid, cfg: RunConfig, simulation: bool) -> Path:

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from logging import WARNING
 
-from flwr.app import Message
+from flwr.app import Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from common import flower_gate
 from common.flower_runtime import concurrent_objects, fast_object_pulls, object_concurrency
+from common.packing import PackingError, is_packed, pack, unpack
 
 REPLY_POLLS = ("informed", "fixed", "flower")
 HTTP_GRID = "flwr.superlink.grid.http_grid"
@@ -57,10 +61,15 @@ class PollingGrid(Grid):
     """``grid`` with ``send_and_receive`` polling by ``mode`` (:data:`REPLY_POLLS`);
     every other method is the wrapped grid's."""
 
-    def __init__(self, grid: Grid, interval: float = 0.1, mode: str = "informed") -> None:
+    def __init__(
+        self, grid: Grid, interval: float = 0.1, mode: str = "informed", pack: bool = False
+    ) -> None:
         if mode not in REPLY_POLLS:
             raise ValueError(f"reply-poll {mode!r}: choose one of {list(REPLY_POLLS)}")
         self._grid, self._interval, self.mode = grid, interval, mode
+        self.pack = pack
+        """Messages go out packed (``common/packing.py``), replies are unpacked."""
+        self._sent: dict[str, Message] = {}
         self.expected: dict[str, float] = {}
         """Phase kind -> seconds from its push to its last reply, last time."""
         self.polls = 0
@@ -87,10 +96,40 @@ class PollingGrid(Grid):
         return self._grid.get_node_ids()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self._grid.push_messages(messages)
+        if not self.pack:
+            return self._grid.push_messages(messages)
+        messages = list(messages)
+        for message in messages:
+            if message.has_content() and not is_packed(message.content):
+                message.content = pack(message.content)
+        ids = list(self._grid.push_messages(messages))
+        self._sent.update((i, m) for i, m in zip(ids, messages, strict=False) if i)
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self._grid.pull_messages(message_ids)
+        replies = list(self._grid.pull_messages(message_ids))
+        if not self.pack:
+            return replies
+        return [self._unpacked(reply) for reply in replies]
+
+    def _unpacked(self, reply: Message) -> Message:
+        """``reply`` with its content unpacked; one that does not unpack becomes an
+        error reply naming why (logged, never aggregated)."""
+        sent = self._sent.pop(reply.metadata.reply_to_message_id, None)
+        if not reply.has_content() or not is_packed(reply.content):
+            return reply
+        try:
+            reply.content = unpack(reply.content)
+            return reply
+        except PackingError as exc:
+            why = f"node {reply.metadata.src_node_id}: its reply does not unpack ({exc})"
+            log(WARNING, "fedhet: %s; rejected", why)
+            if sent is None:
+                reply.content = RecordDict()
+                return reply
+            error = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, why), reply_to=sent)
+            error.metadata.__dict__["_src_node_id"] = reply.metadata.src_node_id
+            return error
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

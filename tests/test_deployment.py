@@ -126,6 +126,16 @@ def test_warm_and_cold_executors_give_the_same_metrics(fed: Federation, tmp_path
     assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
 
 
+def test_packed_and_unpacked_messages_give_the_same_metrics(fed: Federation) -> None:
+    """``pack-messages`` (the default: each message's records as one array on the wire)
+    against the records sent one object each: every per-round metric equal."""
+    outcome = fed.run(overrides(fed, "unpacked", **{"pack-messages": False}), timeout=600)
+    assert outcome.ok, outcome.log_path.read_text()[-3000:]
+    packed, unpacked = results(fed, "first")["rounds"], results(fed, "unpacked")["rounds"]
+    keys = ("accuracy", "loss", "accuracy-std", "bytes-up", "bytes-down", "valid-replies")
+    assert [[r[k] for k in keys] for r in packed] == [[r[k] for k in keys] for r in unpacked]
+
+
 def test_every_part_off_falls_back_to_flowers_own_runtime_and_completes(
     fed: Federation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,144 @@
+"""A message's records as one packed array (deployment): exactly the same records back;
+anything malformed is one PackingError line, an error reply on the server, never
+aggregated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from common.packing import MAGIC, PACKED, PackingError, is_packed, pack, unpack
+
+
+def _content(rng: np.random.Generator) -> RecordDict:
+    return RecordDict(
+        {
+            "arrays": ArrayRecord(
+                {
+                    "w": Array(rng.normal(size=(7, 3)).astype(np.float32)),
+                    "scalar": Array(np.array(2.5)),
+                    "empty": Array(np.zeros((0, 4), np.float32)),
+                    "counts": Array(rng.integers(0, 9, 5)),
+                    "fortran": Array(np.asfortranarray(rng.normal(size=(3, 4)))),
+                }
+            ),
+            "config": ConfigRecord(
+                {"round": 3, "lr": 0.1 + 1e-17, "name": "x", "raw": b"\x00\xff", "on": True,
+                 "ids": [1, 2], "raws": [b"a"]}
+            ),
+            "metrics": MetricRecord({"num-examples": 40, "loss": 1 / 3, "per-class": [0.5, 0.25]}),
+        }
+    )  # fmt: skip
+
+
+def test_unpack_gives_back_exactly_what_was_packed() -> None:
+    content = _content(np.random.default_rng(0))
+    packed = pack(content)
+    assert is_packed(packed) and list(packed) == [PACKED] and not is_packed(content)
+    back = unpack(packed)
+    assert list(back) == list(content)
+    for key, array in content["arrays"].items():
+        got = back["arrays"][key].numpy()
+        want = array.numpy()
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert dict(back["config"]) == dict(content["config"])
+    assert dict(back["metrics"]) == dict(content["metrics"])
+    assert type(back["config"]) is ConfigRecord and type(back["metrics"]) is MetricRecord
+
+
+def _blob(content: RecordDict) -> bytes:
+    return bytes(content.array_records[PACKED]["blob"].numpy())
+
+
+def _with_blob(data: bytes) -> RecordDict:
+    return RecordDict({PACKED: ArrayRecord({"blob": Array(np.frombuffer(data, np.uint8))})})
+
+
+@pytest.mark.parametrize(
+    ("mangle", "says"),
+    [
+        (lambda b: b"NOTFEDHT" + b[8:], "fedhet's mark"),
+        (lambda b: b[:12] + b"{" + b[13:], "unreadable header"),
+        (lambda b: b[:-5], "does not fit"),
+        (lambda b: b[:8] + (10**6).to_bytes(4, "little") + b[12:], "a header of 1000000 bytes"),
+        (lambda b: b.replace(b'"<f4"', b'"|O8"'), "not a number type"),
+        (lambda b: b.replace(b',"arrays",[', b',"tensor",[', 1), "unknown kind"),
+    ],
+)
+def test_a_malformed_packed_message_is_one_line(mangle, says: str) -> None:  # type: ignore[no-untyped-def]
+    blob = _blob(pack(_content(np.random.default_rng(1))))
+    assert blob.startswith(MAGIC)
+    with pytest.raises(PackingError, match=says):
+        unpack(_with_blob(mangle(blob)))
+
+
+class _Grid:
+    """A grid that delivers every message to ``answer`` at once."""
+
+    def __init__(self, answer) -> None:  # type: ignore[no-untyped-def]
+        self.answer, self.pending, self.wire = answer, [], []
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            self.wire.append(m.content)
+            self.pending.append(self.answer(m))
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        out, self.pending = self.pending, []
+        return out
+
+
+def _query(content: RecordDict) -> Message:
+    return Message(content, dst_node_id=9, message_type="train.x")
+
+
+def test_the_server_packs_what_it_sends_and_unpacks_or_rejects_what_comes_back() -> None:
+    from server_app.grid import PollingGrid
+
+    content = _content(np.random.default_rng(2))
+
+    def node(m: Message) -> Message:  # the ClientApp's packing mod: unpack, answer, pack
+        got = unpack(m.content)
+        return Message(pack(RecordDict({"metrics": got["metrics"]})), reply_to=m)
+
+    inner = _Grid(node)
+    grid = PollingGrid(inner, pack=True)  # type: ignore[arg-type]
+    [reply] = grid.send_and_receive([_query(content)])
+    assert is_packed(inner.wire[0])
+    assert dict(reply.content["metrics"]) == dict(content["metrics"])
+    broken = _Grid(lambda m: Message(_with_blob(b"garbage"), reply_to=m))
+    [reply] = PollingGrid(broken, pack=True).send_and_receive([_query(content)])  # type: ignore[arg-type]
+    assert reply.has_error() and "does not unpack" in reply.error.reason
+    plain = _Grid(lambda m: Message(RecordDict({"metrics": m.content["metrics"]}), reply_to=m))
+    [reply] = PollingGrid(plain).send_and_receive([_query(content)])  # type: ignore[arg-type]
+    assert not is_packed(plain.wire[0]) and "metrics" in reply.content
+
+
+def test_the_clientapp_answers_packed_with_packed_and_plain_with_plain() -> None:
+    from client_app.app import packing
+
+    seen = []
+
+    def handler(msg: Message, context: Context) -> Message:
+        seen.append(dict(msg.content["config"]))
+        return Message(RecordDict({"metrics": MetricRecord({"ok": 1})}), reply_to=msg)
+
+    context = Context(run_id=1, node_id=9, node_config={}, state=RecordDict(), run_config={})
+    content = _content(np.random.default_rng(3))
+    packed = _query(pack(content))
+    packed.metadata.__dict__["_message_id"] = packed.object_id
+    reply = packing(packed, context, handler)
+    assert is_packed(reply.content) and dict(unpack(reply.content)["metrics"]) == {"ok": 1}
+    assert seen[-1] == dict(content["config"])  # the handler saw the records
+    plain = _query(_content(np.random.default_rng(3)))
+    plain.metadata.__dict__["_message_id"] = plain.object_id
+    assert not is_packed(packing(plain, context, handler).content)
+    bad = _query(_with_blob(b"garbage"))
+    bad.metadata.__dict__["_message_id"] = bad.object_id
+    answer = packing(bad, context, handler)
+    assert answer.has_error() and "unpack" in answer.error.reason
