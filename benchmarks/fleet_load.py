@@ -251,6 +251,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "data.cache-dir": str(work / "cache"),
         "round-timeout": args.round_timeout,
         **config,
+        **extra_config(args.config),
     }
     with fed, RoleGroups(fed) as groups:
         probe = SuperLinkProbe(fed.procs.procs["superlink"].pid)
@@ -278,6 +279,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "algorithm": args.algorithm,
         "state": "memory" if args.memory_state else "database",
         "nodes-kind": "real" if args.real else "emulated",
+        "config": extra_config(args.config),
         "rounds": args.rounds,
         "delay-s": args.delay,
         "jitter-s": args.jitter,
@@ -313,9 +315,31 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         row["steady-requests-by-kind"] = {
             request_kind(k): v / steady_rounds for k, v in sorted(steady_req.items()) if v
         }
+    trains = [
+        c.get("train-time-s") or 0.0 for r in rounds for c in (r.get("client-train") or {}).values()
+    ]
+    row["median-client-train-s"] = statistics.median(trains) if trains else None
+    if args.real and trains:  # beyond the slowest node's training, as for emulated nodes
+        row["round-overhead-s"] = [
+            r["round-time-s"]
+            - max((c.get("train-time-s") or 0.0 for c in (r.get("client-train") or {}).values()),
+                  default=0.0)
+            for r in rounds
+        ]  # fmt: skip
     overheads = row["round-overhead-s"][1:] or row["round-overhead-s"]
     row["median-round-overhead-s"] = statistics.median(overheads)
     return row
+
+
+def extra_config(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs, values as TOML (``false``, ``3``, ``'text'``)."""
+    import tomllib
+
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = tomllib.loads(f"v = {value}")["v"]
+    return out
 
 
 def main() -> None:
@@ -329,6 +353,13 @@ def main() -> None:
     parser.add_argument("--memory-state", action="store_true")
     parser.add_argument("--real", action="store_true", help="real fedhet supernodes")
     parser.add_argument("--eval-mode", default="with-train")
+    parser.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        help="extra run-config key=value (TOML value)",
+    )
     parser.add_argument("--round-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fleet-load.json")
     parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")

@@ -158,6 +158,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.nodestate import NodeStateFactory
 
     from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
+    from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)
     key = load_ssh_private_key((Path(args.keys) / f"node-{index}").read_bytes(), None)
@@ -207,18 +208,39 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
                 tree = store.get_object_tree(mid)
                 contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}
                 content = inflate_object_from_contents(mid, contents).content
+                packed = is_packed(content)  # as fedhet's ClientApp mod: unpack, answer packed
+                if packed:
+                    content = unpack(content)
                 kind = template_key(message, content)
-                if not kind.startswith("query"):
-                    time.sleep(args.delay + random.uniform(0.0, args.jitter))
                 reply = build_reply(message, content, templates[kind], index, rng)
-                loop._insert_message(reply, state, store)
-                state.record_message_processing_end(message_id=mid)
-                for task in state.get_tasks(run_ids=[run_id]):
-                    state.finish_task(task.task_id, sub_status=SubStatus.COMPLETED, details="")
-                stats.add(kind)
+                if packed:
+                    reply.content = pack(reply.content)
+
+                def deliver(
+                    reply: Any = reply, mid: str = mid, kind: str = kind, run: int = run_id
+                ) -> None:
+                    """What the task's ClientApp does when it ends: store its reply."""
+                    try:
+                        loop._insert_message(reply, state, store)
+                        state.record_message_processing_end(message_id=mid)
+                        for task in state.get_tasks(run_ids=[run]):
+                            state.finish_task(
+                                task.task_id, sub_status=SubStatus.COMPLETED, details=""
+                            )
+                        stats.add(kind)
+                    except Exception as exc:  # noqa: BLE001 - counted: a lost reply
+                        stats.error(f"node {index}: {type(exc).__name__}: {exc}")
+
+                delay = 0.0 if kind.startswith("query") else args.delay
+                delay += random.uniform(0.0, args.jitter) if delay else 0.0
+                if delay > 0:  # the node waits for it as for its executor (run checks)
+                    threading.Timer(delay, deliver).start()
+                else:
+                    deliver()
             except Exception as exc:  # noqa: BLE001 - counted: a lost reply
                 stats.error(f"node {index}: {type(exc).__name__}: {exc}")
             watch.push(state=state, object_store=store, send=send, push_object=push_object)
+            paced.sleep(0.0)  # as a node's wait inside a task: active until its reply went
 
 
 def main() -> None:

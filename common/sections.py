@@ -340,12 +340,11 @@ class FedARAConfig(Section):
     """η in ``W ← W + η (W_rule − W)``, ``W_rule`` being what the aggregation rule makes
     of the replies (every extractor tensor): 1 = the rule as is (the paper); 3 was the
     best of 1, 2, 3, 5 in the scarce benchmark (docs/results/methods.md)."""
-    server_step: Literal["bounded", "fixed"] = "fixed"
-    """``bounded``: a step that would change a weight tensor by more than 10 % takes η
-    at most 1 / (the replies' update coherence), at least 1, so the global moves no
-    further than the clients' own mean step (η = 3 makes up for many unrelated updates
-    averaging to a short step; with 2-8 agreeing nodes and long local training the
-    same η overshot: a round-2 collapse); ``fixed``: η as set, every round."""
+    server_step: Literal["bounded", "fixed"] = "bounded"
+    """``bounded``: η at most max(1 / the replies' update coherence, √replies / 2), at
+    least 1: with 50 replies η stays ``fedara.server-lr``; with 2-8 agreeing nodes and
+    long local training the fixed η = 3 overshot (a round-2 collapse:
+    docs/results/small-fleets.md). ``fixed``: η as set, every round."""
 
     @field_validator("rank_tiers")
     @classmethod

@@ -244,7 +244,10 @@ def test_server_lr_scales_the_aggregated_step(rule: str) -> None:
     """``fedara.server-lr`` η: the new global is ``W + η (mean − W)``, with the mean of
     two full-rank replies computed here in numpy (sample weights 30 and 10)."""
     eta = 2.5
-    s = fedara([1.0, 1.0], **{"fedara.aggregation": rule, "fedara.server-lr": eta})
+    s = fedara(
+        [1.0, 1.0],
+        **{"fedara.aggregation": rule, "fedara.server-lr": eta, "fedara.server-step": "fixed"},
+    )
     old = {k: v.copy() for k, v in s.global_arrays.items()}
     sized(s, {100: 30, 101: 10})
     rng = np.random.default_rng(0)
@@ -673,3 +676,41 @@ def test_fedara_screens_a_huge_reconstructed_update() -> None:
     assert [n for _, n, _ in s.rejected] == [101]
     assert "robust.max-norm-ratio" in s.rejected[0][2]
     assert set(s.size_ratios) == {"0", "1", "2", "3"} and s.size_ratios["1"] > 1e4
+
+
+@pytest.mark.slow  # four in-process runs: about a minute
+def test_four_nodes_do_not_collapse_in_round_2(tmp_path: Path) -> None:
+    """A small fleet with long local training (4 nodes, 3 local epochs): the default
+    bounded server step keeps round 2 at least as good as round 1; the fixed η = 3
+    (the control) overshoots there, so the test sees the mechanism, not luck."""
+
+    def run(step: str) -> tuple[list[float], list[float], list[float]]:
+        res, _ = run_inprocess(
+            tmp_path / step,
+            4,
+            algorithm="fedara",
+            **{"train.local-epochs": 3, "train.batch-size": 10, "fedara.server-step": step},
+        )
+        rounds = res["rounds"]
+        etas = [r["server-diagnostics"]["server-lr"] for r in rounds]
+        return [r["accuracy"] for r in rounds], [r["train-loss"] for r in rounds], etas
+
+    acc, loss, etas = run("bounded")
+    assert acc[1] >= acc[0] - 0.02 and loss[1] < loss[0], (acc, loss)
+    assert all(1.0 <= e < 3.0 for e in etas)  # 4 agreeing replies: bounded below 3
+    fixed_acc, fixed_loss, fixed_etas = run("fixed")
+    assert fixed_etas == [3.0, 3.0]
+    assert fixed_acc[1] < fixed_acc[0] - 0.1 and fixed_loss[1] > fixed_loss[0], (
+        fixed_acc,
+        fixed_loss,
+    )
+
+
+def test_the_bounded_step_keeps_eta_with_many_replies_and_bounds_it_with_few() -> None:
+    s = FedARA(server_lr=3.0, server_step="bounded")
+    assert s.step_size(0.3, 50) == 3.0  # √50/2 = 3.5 and 1/0.3 = 3.3: η as set
+    assert s.step_size(0.9, 4) == pytest.approx(1 / 0.9)  # few agreeing replies
+    assert s.step_size(0.9, 20) == pytest.approx(20**0.5 / 2)
+    assert s.step_size(None, 2) == 1.0 and s.step_size(2.0, 1) == 1.0  # never below 1
+    assert FedARA(server_lr=3.0, server_step="fixed").step_size(0.9, 4) == 3.0
+    assert FedARA(server_lr=0.5, server_step="bounded").step_size(0.9, 4) == 0.5
