@@ -124,12 +124,23 @@ def expected_config(regime: str, name: str, seed: int) -> dict[str, Any]:
     return cfg
 
 
-IGNORED = ("out-dir", "resume", "round-timeout", "min-valid-replies", "reply-poll", "eval-mode")
+IGNORED = (
+    "out-dir",
+    "resume",
+    "round-timeout",
+    "min-valid-replies",
+    "reply-poll",
+    "eval-mode",
+    "pack-messages",
+)
 """Keys that cannot change a benchmark run's numbers: every reply is valid in every
 round of these runs (checked), so how many valid replies a round needs does not
 matter; ``reply-poll`` only decides when the server looks for replies; ``eval-mode``
 only decides which message carries an evaluation (the same per-round metrics in both
-modes: tests/test_eval_mode.py; the tables' bytes are the training messages')."""
+modes: tests/test_eval_mode.py; the tables' bytes are the training messages');
+``pack-messages`` only decides how a deployment's messages cross the network (a
+simulation never packs; packed and unpacked deployments give equal metrics:
+tests/test_deployment.py)."""
 ADDED = {
     "max-weight-share": 1.0,
     "model.init": "per-client",
@@ -138,6 +149,9 @@ ADDED = {
     "fedlora.lr": 0.0,
     "fedara.server-lr": 1.0,
     "fedara.truncation": "svd",
+    "fedara.server-step": "fixed",
+    # images of 16 px and more (Fashion-MNIST's 28) were never resized: the default
+    "data.image-size": 0,
     "server-threads": 0,
     # a simulation keeps personal models under its own out-dir: nothing to carry over
     "carry-personal-state": False,
