@@ -151,7 +151,12 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     each message from its template; until the process ends."""
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
     from flwr.common.constant import SubStatus
-    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        iterate_object_tree,
+        no_object_id_recompute,
+    )
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.supernode.fleet_http_connection import http_request_response
@@ -221,7 +226,14 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
                 ) -> None:
                     """What the task's ClientApp does when it ends: store its reply."""
                     try:
-                        loop._insert_message(reply, state, store)
+                        # its objects before the message: the node pushes a reply as soon
+                        # as it sees it (what the Runtime API's push handler guarantees)
+                        with no_object_id_recompute():
+                            reply.metadata.__dict__["_message_id"] = reply.object_id
+                            store.preregister(run, get_object_tree(reply))
+                            for object_id, obj in get_all_nested_objects(reply).items():
+                                store.put(object_id, obj.deflate())
+                            state.store_message(reply)
                         state.record_message_processing_end(message_id=mid)
                         for task in state.get_tasks(run_ids=[run]):
                             state.finish_task(
