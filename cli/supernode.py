@@ -45,6 +45,7 @@ from cli.pacing import (
     idle_poll_s,
     informed_interval,
 )
+from common.flower_gate import replace
 from common.flower_runtime import (
     concurrent_objects,
     fast_object_pulls,
@@ -880,7 +881,7 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     paced: PacedSleep | None = None
     if gate.use("node-polling"):
         paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
-        setattr(module, "time", paced)  # noqa: B010
+        replace(module, "time", paced)
     count = object_concurrency()
     warm: WarmConnections | None = None
     if not gate.use("node-objects"):
@@ -901,15 +902,15 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
                 flower_internal(name, "pull_objects"),
                 flower_internal(name, "push_object_contents_from_iterable"),
             )
-            setattr(module, "pull_objects", pull)  # noqa: B010
-            setattr(module, "push_object_contents_from_iterable", push)  # noqa: B010
+            replace(module, "pull_objects", pull)
+            replace(module, "push_object_contents_from_iterable", push)
             paced.before_idle = warm_before_idle(warm)
     held: HeldTasks | None = None
     handlers = importlib.import_module(RUNTIME_HANDLERS)
     watching = gate.use("run-watch")  # held requests are woken by the watch's rings
     if not fast and watching and gate.use("held-tasks"):
         held = HeldTasks(flower_internal(RUNTIME_HANDLERS, "acquire_task"))
-        setattr(handlers, "acquire_task", held)  # noqa: B010
+        replace(handlers, "acquire_task", held)
         # on SIGTERM, before Flower stops its Runtime API server (which waited for the
         # held requests, then cancelled them with tracebacks)
         flower_internal("flwr.supercore.exit", "add_exit_handler")(
@@ -928,15 +929,15 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             on_waiting=warm_while_working(warm) if warm is not None else None,
             inbox=Inbox(gate.fact("run-watch", "inbox")),
         )
-        setattr(module, "_pull_and_store_message", watch.pull)  # noqa: B010
-        setattr(module, "_push_messages", watch.push)  # noqa: B010
+        replace(module, "_pull_and_store_message", watch.pull)
+        replace(module, "_push_messages", watch.push)
         if gate.use("failed-tasks"):
             failed = FailedTasks(
                 flower_internal(RUNTIME_HANDLERS, "push_task_output"),
                 watch.fail,
                 on_failed=held.ring if held is not None else None,
             )
-            setattr(handlers, "push_task_output", failed)  # noqa: B010
+            replace(handlers, "push_task_output", failed)
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
 
@@ -1013,7 +1014,7 @@ def attach_client(warm: WarmConnections) -> None:
             super().__init__(*args, **kwargs)
             warm.attach(self._client, self._base_url)
 
-    setattr(module, "FleetHttpClient", Noted)  # noqa: B010
+    replace(module, "FleetHttpClient", Noted)
 
 
 def switch(name: str, default: bool = True) -> bool:

@@ -131,7 +131,9 @@ def _run_clientapp_child(argv: list[str], quiet: bool, finishing: Any) -> None:
             finishing.set()
             return push_task_output(*args, **kwargs)
 
-        setattr(module, "push_task_output", push_and_tell)  # noqa: B010
+        from common.flower_gate import replace
+
+        replace(module, "push_task_output", push_and_tell)
     # the ClientApp imports the app's packages from its run's FAB: forget the installed
     # ``common`` that this child imported for the patches above
     for name in set(sys.modules) - before:
@@ -438,7 +440,7 @@ def run_superexec(argv: list[str]) -> None:
                 return WarmExecutor()
             return stock(executor_type, executor_config, **kwargs)
 
-        setattr(module, "get_executor", get_executor)  # noqa: B010
+        flower_gate.replace(module, "get_executor", get_executor)
     sys.argv = ["flower-superexec", *argv]
     if not {"-h", "--help", "-V", "--version"} & set(argv) and flower_gate.use(
         "executor-auth-check"

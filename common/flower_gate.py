@@ -218,6 +218,26 @@ PARTS: tuple[Part, ...] = (
 BY_NAME = {p.name: p for p in PARTS}
 
 
+ORIGINALS = "__fedhet_originals__"
+"""Attribute of a Flower module that :func:`replace` changed: ``{name: Flower's own
+object}``. Kept on Flower's module (not here) so it survives this module being imported
+again (a warm task child forgets fedhet's packages): a part's fingerprint is of
+Flower's code, whatever this process changed."""
+
+
+def replace(module: Any, name: str, value: Any) -> None:
+    """``module.name = value``, keeping Flower's original for the fingerprints (every
+    runtime change of fedhet goes through here)."""
+    kept = module.__dict__.setdefault(ORIGINALS, {})
+    kept.setdefault(name, getattr(module, name))
+    setattr(module, name, value)
+
+
+def original(module: Any, name: str) -> Any:
+    """Flower's own ``module.name`` (before any :func:`replace`)."""
+    return module.__dict__.get(ORIGINALS, {}).get(name, getattr(module, name))
+
+
 class Unfit(Exception):
     """A name a part uses is gone (the message says which)."""
 
@@ -240,7 +260,11 @@ def _resolve(use: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise Unfit(f"{module_name} cannot be imported ({exc})") from None
-    for attr in path.split("."):
+    first, *rest = path.split(".")
+    if not hasattr(obj, first):
+        raise Unfit(f"{module_name}.{path} is gone")
+    obj = original(obj, first)
+    for attr in rest:
         if not hasattr(obj, attr):
             raise Unfit(f"{module_name}.{path} is gone")
         obj = inspect.getattr_static(obj, attr)
@@ -249,7 +273,8 @@ def _resolve(use: str) -> Any:
 
 def _text(obj: Any) -> str:
     """What of ``obj`` the fingerprint covers: its source when it has one."""
-    obj = getattr(obj, "func", obj)  # a functools.partial fedhet made: the function
+    while callable(getattr(obj, "func", None)):  # fedhet's wrappers, partials: the function
+        obj = obj.func
     obj = getattr(obj, "__wrapped__", obj)
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__

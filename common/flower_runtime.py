@@ -18,7 +18,11 @@ import functools
 import importlib
 import inspect
 import os
+import time
+from logging import WARNING
 from typing import Any
+
+from common.flower_gate import replace
 
 FLOWER_INTERNALS = (
     ("flwr.supercore.superexec.run_superexec", "get_executor"),
@@ -112,11 +116,49 @@ def concurrent_objects(
     utils = importlib.import_module("flwr.supercore.inflatable.inflatable_utils")
     cap = flower_internal(utils.__name__, "get_num_workers")
     if not isinstance(cap, _Uncapped):
-        setattr(utils, "get_num_workers", _Uncapped(cap))  # noqa: B010
+        replace(utils, "get_num_workers", _Uncapped(cap))
     if pull is not None:
         fast_object_pulls(module_name, pull, max_concurrent_pulls=count)
     if push is not None:
         _with_keywords(module_name, push, {"max_concurrent_pushes": count})
+        module = importlib.import_module(module_name)
+        if not isinstance(getattr(module, push), RetriedPushes):
+            replace(module, push, RetriedPushes(getattr(module, push)))
+
+
+PUSH_RETRIES = (0.5, 1.0, 2.0)
+"""Waits before the retries of one object push that failed (a SuperLink answering 500:
+its SQLite state locked under load, measured at 100 nodes). Flower's node drops the
+whole reply when one of its objects fails to push; a push is idempotent (objects are
+stored by content id)."""
+
+
+class RetriedPushes:
+    """``push_object_contents_from_iterable`` whose single-object pushes are retried
+    after :data:`PUSH_RETRIES` before they fail the reply."""
+
+    def __init__(self, function: Any) -> None:
+        self.func = function
+
+    def __call__(self, object_contents: Any, push_object_fn: Any, **kwargs: Any) -> Any:
+        def retried(object_id: str, content: bytes) -> None:
+            for wait in (*PUSH_RETRIES, None):
+                try:
+                    push_object_fn(object_id, content)
+                    return
+                except Exception as exc:  # noqa: BLE001 - retried, then raised as before
+                    if wait is None:
+                        raise
+                    log(
+                        WARNING,
+                        "fedhet: pushing object %s failed (%s); again in %.1f s",
+                        object_id[:12],
+                        exc,
+                        wait,
+                    )
+                    time.sleep(wait)
+
+        return self.func(object_contents, retried, **kwargs)
 
 
 class _Uncapped:
@@ -143,7 +185,7 @@ def _with_keywords(module_name: str, name: str, keywords: dict[str, Any]) -> Non
             f"fedhet needs flwr==1.42.0: {module_name}.{name} no longer takes "
             f"{sorted(keywords)} ({exc})"
         ) from None
-    setattr(module, name, functools.partial(function, **keywords))
+    replace(module, name, functools.partial(function, **keywords))
 
 
 def log(level: int, msg: str, *args: Any) -> None:

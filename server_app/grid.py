@@ -24,9 +24,11 @@ doubling to 10 s), and it moves
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterable
 from logging import WARNING
+from typing import Any
 
 from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
@@ -57,6 +59,25 @@ def reply_wait(interval: float, elapsed: float, expected: float | None) -> float
     return min(CAP_S, interval + GROWTH * overdue)
 
 
+class PhaseBoundPulls:
+    """Flower's ``pull_objects`` as the ServerApp's HTTP grid calls it, giving up on a
+    reply's objects at the phase's deadline (``round-timeout``): Flower's grid then
+    turns that reply into an error reply and the round goes on without it. Measured at
+    100 nodes: a reply whose object push the SuperLink refused (its SQLite state locked)
+    had its message but never its objects, and the pull waited on them for up to about
+    5,000 s (the backoff's patience) with the round stalled."""
+
+    def __init__(self, pulls: Any, grid: PollingGrid) -> None:
+        self.pulls, self.grid = pulls, grid
+        self.func = getattr(pulls, "func", pulls)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = self.grid.deadline
+        if deadline is not None and "max_time" not in kwargs:
+            kwargs["max_time"] = max(1.0, deadline - time.monotonic())
+        return self.pulls(*args, **kwargs)
+
+
 class PollingGrid(Grid):
     """``grid`` with ``send_and_receive`` polling by ``mode`` (:data:`REPLY_POLLS`);
     every other method is the wrapped grid's."""
@@ -81,6 +102,14 @@ class PollingGrid(Grid):
             fast_object_pulls(HTTP_GRID, "pull_objects")
         else:
             concurrent_objects(HTTP_GRID, "pull_objects", "push_objects", count=count)
+        self.deadline: float | None = None
+        """When the phase in progress gives up (``round-timeout``; monotonic seconds)."""
+        if count is not None or self.mode != "flower":
+            module = importlib.import_module(HTTP_GRID)
+            if hasattr(module, "pull_objects"):
+                pulls = module.pull_objects
+                base = pulls.pulls if isinstance(pulls, PhaseBoundPulls) else pulls
+                flower_gate.replace(module, "pull_objects", PhaseBoundPulls(base, self))
 
     def set_run(self, run: Run) -> None:
         self._grid.set_run(run)
@@ -144,6 +173,7 @@ class PollingGrid(Grid):
         start = time.monotonic()
         pending = set(self.push_messages(messages))
         deadline = None if timeout is None else start + timeout
+        self.deadline = deadline
         replies: list[Message] = []
         while pending:
             got = list(self.pull_messages(pending))

@@ -15,7 +15,17 @@ from common import flower_gate as gate
 
 
 @pytest.fixture(autouse=True)
-def _fresh_verdicts() -> Iterator[None]:
+def _fresh_verdicts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Flower's own objects back for the test (other tests of this process may have
+    applied fedhet's changes), fresh verdicts."""
+    import sys
+
+    for module in list(sys.modules.values()):
+        kept = getattr(module, gate.ORIGINALS, None)
+        if isinstance(kept, dict) and kept:
+            for name, obj in kept.items():
+                monkeypatch.setattr(module, name, obj)
+            monkeypatch.setattr(module, gate.ORIGINALS, {})
     gate.verdict.cache_clear()
     gate._said.clear()
     yield

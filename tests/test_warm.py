@@ -1240,6 +1240,8 @@ def test_the_child_tells_the_executor_as_it_reports_its_tasks_end(
     monkeypatch.setattr(
         run_clientapp, "push_task_output", lambda **kwargs: pushed.append(finishing.is_set())
     )
+    # the child's replacements keep what they replaced here: this test's fakes, forgotten after
+    monkeypatch.setattr(run_clientapp, "__fedhet_originals__", {}, raising=False)
     # Flower's clientapp: reports its task's end through the module's function
     monkeypatch.setattr(
         flower_cli, "flwr_clientapp", lambda: run_clientapp.push_task_output(client=None)
