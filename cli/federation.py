@@ -356,6 +356,12 @@ class Federation:
             "--run-config",
             str(write_run_config(overrides, cfg_dir)),
         ]
+        start = time.monotonic()
         run_id = stream_run(cmd, self.env, self.app_dir, log_path, echo or self.echo, timeout)
         status = run_status(self.env, CONNECTION, run_id, self.app_dir) if run_id else "not started"
+        # the log stream can end before the run does (a SuperLink busy with many nodes
+        # let it go): wait for the run itself, within the same timeout
+        while run_id and not status.startswith("finished") and time.monotonic() - start < timeout:
+            time.sleep(2.0)
+            status = run_status(self.env, CONNECTION, run_id, self.app_dir)
         return RunOutcome(run_id, status, log_path)
