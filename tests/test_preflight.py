@@ -108,6 +108,7 @@ def test_the_server_stops_with_the_nodes_causes_not_no_node_answered(tmp_path: P
     assert "data: array 'x' in" in text and "expected uint8 pixels" in text
 
 
+@pytest.mark.slow  # loads and trains: about 10 s
 def test_small_images_are_resized_up_to_what_the_stems_take(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
