@@ -294,6 +294,8 @@ def main() -> None:
 def _guarded(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:
     try:
         run_node(args, index, templates, stats)
+        # Flower's connection swallows the error that ended its loop (and logs it)
+        stats.error(f"node {index}: its connection ended (see the emulator's log)")
     except BaseException as exc:  # noqa: BLE001 - a node that died is counted
         stats.error(f"node {index} ended: {type(exc).__name__}: {exc}")
 

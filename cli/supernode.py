@@ -561,6 +561,35 @@ class _RingsOnStore:
         return getattr(self._state, name)
 
 
+RECEIVE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""Waits before pulling the next message again after the SuperLink answered with a
+server error or not at all. Flower's node loop ends, and its SuperNode with it, on the
+first one: seen at 100 nodes, where the SuperLink's SQLite state answered a message
+pull with 500 (database is locked)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """A server error (5xx) or a failed connection: worth trying again."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+def receive_again(receive: Callable[[], Any], waits: tuple[float, ...] = RECEIVE_RETRIES) -> Any:
+    """``receive()``, tried again after each of ``waits`` when it fails transiently."""
+    for wait in (*waits, None):
+        try:
+            return receive()
+        except Exception as exc:
+            if wait is None or not transient(exc):
+                raise
+            log(WARNING, "fedhet: pulling the next message failed (%s); again in %.1f s", exc, wait)
+            time.sleep(wait)
+    return None  # not reached
+
+
 class RunWatch:
     """Flower's SuperNode loop, told when the run of its task in progress stops.
 
@@ -640,7 +669,7 @@ class RunWatch:
 
         def receive_and_note() -> Any:
             start = time.monotonic()
-            got = receive()
+            got = receive_again(receive)
             if self._on_receive_s is not None:
                 self._on_receive_s(time.monotonic() - start)
             if got is not None:

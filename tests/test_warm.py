@@ -1299,3 +1299,36 @@ def test_a_message_whose_run_stops_while_it_arrives_leaves_no_task_behind() -> N
     assert node.state.get_messages_legacy() == []
     assert node.store.get(msg.metadata.message_id) is None
     assert rung == [1]  # a held task request is answered
+
+
+def test_a_node_pulls_again_after_a_server_error_instead_of_ending() -> None:
+    """Flower's node loop ended (and its SuperNode with it) on the first 500 of a
+    message pull; a transient error (5xx, no connection) is tried again, others are not."""
+    import httpx
+
+    from cli.supernode import receive_again
+
+    def failing(code: int, times: int):  # type: ignore[no-untyped-def]
+        calls = []
+
+        def receive() -> str:
+            calls.append(1)
+            if len(calls) <= times:
+                request = httpx.Request("POST", "https://link/v1/fleet/pull-messages")
+                raise httpx.HTTPStatusError(
+                    "500", request=request, response=httpx.Response(code, request=request)
+                )
+            return "message"
+
+        return receive, calls
+
+    receive, calls = failing(500, 2)
+    assert receive_again(receive, waits=(0.0, 0.0, 0.0)) == "message" and len(calls) == 3
+    receive, calls = failing(500, 5)
+    with pytest.raises(httpx.HTTPStatusError):
+        receive_again(receive, waits=(0.0, 0.0))
+    assert len(calls) == 3  # tried, then twice again, then given up
+    receive, calls = failing(401, 1)
+    with pytest.raises(httpx.HTTPStatusError):
+        receive_again(receive, waits=(0.0,))
+    assert len(calls) == 1  # refused: not tried again
