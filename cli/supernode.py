@@ -562,10 +562,10 @@ class _RingsOnStore:
 
 
 RECEIVE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)
-"""Waits before pulling the next message again after the SuperLink answered with a
-server error or not at all. Flower's node loop ends, and its SuperNode with it, on the
-first one: seen at 100 nodes, where the SuperLink's SQLite state answered a message
-pull with 500 (database is locked)."""
+"""Waits before pulling the next message (or pushing a reply) again after the SuperLink
+answered with a server error or not at all. On the first one Flower's node loop ended,
+and its SuperNode with it (a pull), or dropped the reply (a push): seen at 100 nodes,
+where the SuperLink's SQLite state answered with 500 (database is locked)."""
 
 
 def transient(exc: BaseException) -> bool:
@@ -585,7 +585,12 @@ def receive_again(receive: Callable[[], Any], waits: tuple[float, ...] = RECEIVE
         except Exception as exc:
             if wait is None or not transient(exc):
                 raise
-            log(WARNING, "fedhet: pulling the next message failed (%s); again in %.1f s", exc, wait)
+            log(
+                WARNING,
+                "fedhet: a request to the SuperLink failed (%s); again in %.1f s",
+                exc,
+                wait,
+            )
             time.sleep(wait)
     return None  # not reached
 
@@ -783,6 +788,9 @@ class RunWatch:
             self._sleep(FLOWER_REPLY_WAIT_S)
         self.confirmed()
         bound.arguments["state"] = self.inbox.for_push(state, replies)
+        if "send" in bound.arguments:  # a reply the SuperLink failed to store goes again
+            send = bound.arguments["send"]
+            bound.arguments["send"] = lambda *a, **k: receive_again(lambda: send(*a, **k))
         self._push(*bound.args, **bound.kwargs)
 
     def stalled(self, state: Any) -> str | None:
