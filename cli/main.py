@@ -342,7 +342,6 @@ def keys(
         typer.echo(f"{secret}  (the node's SuperNode and executor: --superexec-auth-secret-file)")
 
 
-@app.command()
 def parse_node_config(text: str) -> dict[str, Scalar]:
     """``key=value`` pairs (space-separated; values as TOML: true, 3, 0.5, "text") for
     every node of ``fedhet federation``; ValueError names what does not parse."""
@@ -367,6 +366,7 @@ def parse_node_config(text: str) -> dict[str, Scalar]:
     return out
 
 
+@app.command()
 def federation(
     run_config: RunConfigOpt = [],  # noqa: B006
     nodes: Annotated[
