@@ -316,7 +316,8 @@ def test_foreign_clients_npz_without_meta(tmp_path: Path) -> None:
         for cid in range(2):
             x = rng.normal(size=(6, 3, 8, 8)).astype(np.float32)
             np.savez(tmp_path / "f" / split / f"{cid}.npz", x=x, y=np.arange(6) % 4)
-    cfg = _cfg(tmp_path, name="clients-npz", root=str(tmp_path / "f"))
+    # image_size 8: as they are (0 would resize these 8x8 images up to 16)
+    cfg = _cfg(tmp_path, name="clients-npz", root=str(tmp_path / "f"), image_size=8)
     client = load_client_data(cfg, 1, 2, 0)
     stored = np.load(tmp_path / "f" / "train" / "1.npz")["x"]
     np.testing.assert_array_equal(client.x_train.numpy(), stored)  # no re-normalising
@@ -333,8 +334,10 @@ def test_load_local_data(tmp_path: Path) -> None:
     path = tmp_path / "device.npz"
     x = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3), dtype=np.uint8)
     np.savez(path, x=x, y=np.arange(40) % 4)
-    local = load_local_data("npz", path, seed=3)
+    local = load_local_data("npz", path, seed=3, image_size=8)  # as they are
     assert (len(local.y_train), len(local.y_test)) == (30, 10)
     assert local.x_train.shape[1:] == (3, 8, 8) and local.num_classes == 4
+    resized = load_local_data("npz", path, seed=3)  # the default: up to 16 px
+    assert resized.x_train.shape[1:] == (3, 16, 16) and resized.resized_from == 8
     with pytest.raises(ConfigError, match="nowhere.npz"):
         load_local_data("npz", tmp_path / "nowhere.npz")
