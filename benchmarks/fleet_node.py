@@ -24,7 +24,6 @@ import base64
 import importlib
 import json
 import random
-import sys
 import threading
 import time
 from pathlib import Path
@@ -212,7 +211,8 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
                 state.record_message_processing_start(message_id=mid)
                 tree = store.get_object_tree(mid)
                 contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}
-                content = inflate_object_from_contents(mid, contents).content
+                inflated = inflate_object_from_contents(mid, contents)  # type: ignore[arg-type]
+                content = inflated.content  # type: ignore[attr-defined]
                 packed = is_packed(content)  # as fedhet's ClientApp mod: unpack, answer packed
                 if packed:
                     content = unpack(content)
@@ -301,4 +301,4 @@ def _guarded(args: argparse.Namespace, index: int, templates: dict, stats: Stats
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

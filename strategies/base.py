@@ -322,7 +322,7 @@ class HeteroStrategy(Strategy):
         for reply in grid.send_and_receive(msgs, timeout=self.round_timeout):
             nid = self.sender(reply)
             if reply.has_error():
-                self.refused[nid] = reply.error.reason
+                self.refused[nid] = str(reply.error.reason)
                 log(ERROR, "fedhet: node %d (%s): it cannot run", nid, reply.error.reason)
                 continue
             self.refused.pop(nid, None)
