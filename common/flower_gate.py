@@ -351,7 +351,12 @@ def verdict(name: str) -> Verdict:
         digest = fingerprint(part)
     except Unfit as exc:
         return Verdict(part, False, None, f"{name} needs {exc}")
-    known = checked().get(name, {})
+    try:
+        known = checked().get(name, {})
+    except OSError:
+        return Verdict(
+            part, False, None, f"{CHECKED_FILE} is missing (an install without fedhet's data)"
+        )
     if digest in known:
         return Verdict(part, True, known[digest], "fits")
     versions = sorted(set(known.values()))
