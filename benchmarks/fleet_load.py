@@ -46,6 +46,7 @@ from benchmarks.server_cost import (
     request_kind,
 )
 from cli.federation import CONNECTION
+from cli.main import parse_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = {
@@ -251,7 +252,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "data.cache-dir": str(work / "cache"),
         "round-timeout": args.round_timeout,
         **config,
-        **extra_config(args.config),
+        **parse_overrides(args.config),
     }
     with fed, RoleGroups(fed) as groups:
         probe = SuperLinkProbe(fed.procs.procs["superlink"].pid)
@@ -279,7 +280,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "algorithm": args.algorithm,
         "state": "memory" if args.memory_state else "database",
         "nodes-kind": "real" if args.real else "emulated",
-        "config": extra_config(args.config),
+        "config": parse_overrides(args.config),
         "rounds": args.rounds,
         "delay-s": args.delay,
         "jitter-s": args.jitter,
@@ -329,17 +330,6 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     overheads = row["round-overhead-s"][1:] or row["round-overhead-s"]
     row["median-round-overhead-s"] = statistics.median(overheads)
     return row
-
-
-def extra_config(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs, values as TOML (``false``, ``3``, ``'text'``)."""
-    import tomllib
-
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        out[key] = tomllib.loads(f"v = {value}")["v"]
-    return out
 
 
 def main() -> None:
