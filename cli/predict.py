@@ -1,4 +1,5 @@
-"""``fedhet predict``: classify images with an exported model, ONNX Runtime only.
+"""``fedhet predict``: classify images or feature vectors with an exported model, ONNX
+Runtime only.
 
 Standalone on purpose: this file imports only the standard library, numpy, onnxruntime
 and (for image files) Pillow, never torch or the rest of fedhet, so an inference-only
@@ -10,6 +11,12 @@ Inputs: image files (PNG, JPEG, ...; mode ``L`` for a 1-channel model, ``RGB`` f
 files with an ``x`` array: ``uint8 [n, H, W]`` / ``[n, H, W, C]`` pixels (normalised
 here with the model card's mean and std) or ``float32 [n, C, H, W]`` already
 normalised. An ``.npz`` that also holds labels ``y`` gets its accuracy printed.
+
+A model of feature vectors (card layout ``NF``) takes ``.npz`` files with ``x [n, F]``
+(raw values in the training data's units, standardised here with the card's per-feature
+mean and std; optional labels ``y``) and ``.csv`` files: one sample per row, ``F``
+comma-separated numbers, or ``F + 1`` with the last one an integer label (an optional
+first row of column names is skipped).
 
 One line per input on stdout: ``<input>\\t<class index>\\t<class name>``. Any bad input
 (a missing or unreadable model, an image of the wrong size or channel count, labels
@@ -58,11 +65,19 @@ class Model:
             raise PredictError(f"{path}: not a readable ONNX model ({first[:200]})") from None
         self.card = self._card(path)
         shape = self.card["input"]["shape"]
-        self.channels, self.height, self.width = int(shape[1]), int(shape[2]), int(shape[3])
+        self.tabular = len(shape) == 2
+        """Whether the model takes feature vectors ``[n, F]`` (else images)."""
+        if self.tabular:
+            self.channels, self.height, self.width = int(shape[1]), 0, 0
+        else:
+            self.channels, self.height, self.width = int(shape[1]), int(shape[2]), int(shape[3])
         self.classes: list[str] = [str(c) for c in self.card["classes"]]
         norm = self.card["normalisation"]
-        self.mean = np.asarray(norm["mean"], np.float32).reshape(1, -1, 1, 1)
-        self.std = np.asarray(norm["std"], np.float32).reshape(1, -1, 1, 1)
+        # features: float64 statistics, as the ClientApp standardised them (same inputs)
+        dtype: Any = np.float64 if self.tabular else np.float32
+        view = (1, -1) if self.tabular else (1, -1, 1, 1)
+        self.mean: np.ndarray = np.asarray(norm["mean"], dtype).reshape(view)
+        self.std: np.ndarray = np.asarray(norm["std"], dtype).reshape(view)
         source = self.card["input"].get("resized-from")
         self.source: tuple[int, int] | None = (int(source[0]), int(source[1])) if source else None
         """The images' own size when the model was trained on them resized (the card's
@@ -79,7 +94,7 @@ class Model:
             raise PredictError(f"{path}: no model card (not exported by fedhet, and no {side})")
         try:
             card: dict[str, Any] = json.loads(text)
-            ok = len(card["input"]["shape"]) == 4 and len(card["classes"]) > 0
+            ok = len(card["input"]["shape"]) in (2, 4) and len(card["classes"]) > 0
             ok = ok and len(card["normalisation"]["mean"]) == len(card["normalisation"]["std"])
         except (ValueError, KeyError, TypeError) as exc:
             raise PredictError(f"{path}: unreadable model card ({exc})") from None
@@ -92,6 +107,19 @@ class Model:
         as in training when the card says the model was trained on resized images)."""
         x = pixels.astype(np.float32) / np.float32(255.0)
         return self.resized(((x - self.mean) / self.std).astype(np.float32))
+
+    def standardise(self, values: np.ndarray, where: str) -> np.ndarray:
+        """Feature vectors ``[n, F]`` in the training data's units -> the model's
+        input ``(x - mean) / std`` (the card's per-feature statistics)."""
+        if values.ndim != 2 or values.shape[1] != self.channels:
+            raise PredictError(
+                f"{where}: samples of shape {list(values.shape[1:])}; the model takes "
+                f"{self.channels} features (dataset {self.card.get('dataset')})"
+            )
+        if not np.isfinite(values).all():
+            row = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+            raise PredictError(f"{where}: NaN or infinite value in sample {row}")
+        return ((values.astype(np.float64) - self.mean) / self.std).astype(np.float32)
 
     def resized(self, x: np.ndarray) -> np.ndarray:
         """``x`` at the model's input size when it has the card's ``resized-from`` size."""
@@ -178,7 +206,11 @@ def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
         raise PredictError(f"{path}: no array 'x'") from None
     except (OSError, ValueError) as exc:
         raise PredictError(f"{path}: not a readable .npz ({exc})") from None
-    if x.dtype == np.uint8 and x.ndim in (3, 4):
+    if model.tabular:
+        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+            raise PredictError(f"{path}: 'x' is {x.dtype}; expected numbers [n, F]")
+        inputs = model.standardise(x, f"{path} 'x'")
+    elif x.dtype == np.uint8 and x.ndim in (3, 4):
         pixels = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
         model.check(pixels, f"{path} 'x'")
         inputs = model.normalise(pixels)
@@ -191,9 +223,15 @@ def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
             "pixels or float32 [n, C, H, W] normalised images"
         )
     if len(x) == 0:
-        raise PredictError(f"{path}: 'x' holds no images")
+        raise PredictError(f"{path}: 'x' holds no {'samples' if model.tabular else 'images'}")
+    check_labels(y, len(x), model, path)
+    return inputs, y
+
+
+def check_labels(y: np.ndarray | None, count: int, model: Model, path: Path) -> None:
+    """Labels, when given: one integer per sample, each a class the model knows."""
     if y is not None:
-        if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
+        if not np.issubdtype(y.dtype, np.integer) or y.shape != (count,):
             raise PredictError(f"{path}: 'y' must hold one integer label per image")
         if len(y) and (y.min() < 0 or y.max() >= len(model.classes)):
             raise PredictError(
@@ -201,7 +239,45 @@ def read_npz(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
                 f"{len(model.classes)} classes (dataset {model.card.get('dataset')}): "
                 "a model of another dataset"
             )
-    return inputs, y
+
+
+def read_csv(path: Path, model: Model) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of a ``.csv`` as the model's input (``F`` numbers per row, or ``F + 1``
+    with an integer label last; a first row that is not numbers is a header)."""
+    if not model.tabular:
+        raise PredictError(
+            f"{path}: CSV rows are for models of feature vectors; this one takes images"
+        )
+    try:
+        lines = [line.strip() for line in path.read_text().splitlines()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PredictError(f"{path}: not a readable text file ({exc})") from None
+    rows: list[list[float]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            rows.append([float(v) for v in line.split(",")])
+        except ValueError:
+            if rows or number > 1:
+                raise PredictError(f"{path} line {number}: not {model.channels} numbers") from None
+    if not rows:
+        raise PredictError(f"{path}: no rows")
+    widths = {len(r) for r in rows}
+    if len(widths) != 1 or widths.pop() not in (model.channels, model.channels + 1):
+        raise PredictError(
+            f"{path}: rows of {sorted({len(r) for r in rows})} values; the model takes "
+            f"{model.channels} features (and optionally a label last)"
+        )
+    table = np.asarray(rows, dtype=np.float64)
+    y = None
+    if table.shape[1] == model.channels + 1:
+        labels = table[:, -1]
+        if not np.all(labels == np.round(labels)):
+            raise PredictError(f"{path}: the last column holds non-integer labels")
+        y, table = labels.astype(np.int64), table[:, :-1]
+    check_labels(y, len(table), model, path)
+    return model.standardise(table, str(path)), y
 
 
 def expand(inputs: Sequence[Path]) -> Iterator[Path]:
@@ -243,11 +319,16 @@ def predict(
             images.clear()
 
     for path in expand(inputs):
-        if path.suffix.lower() != ".npz":
+        suffix = path.suffix.lower()
+        if suffix not in (".npz", ".csv"):
+            if model.tabular:
+                raise PredictError(
+                    f"{path}: the model takes feature vectors: give .npz (x [n, F]) or .csv"
+                )
             images.append((str(path), model.normalise(read_image(path, model))))
             continue
         flush()
-        x, y = read_npz(path, model)
+        x, y = read_npz(path, model) if suffix == ".npz" else read_csv(path, model)
         classes = model.scores(x, batch_size).argmax(1)
         rows += [(f"{path}[{i}]", int(c), model.classes[int(c)]) for i, c in enumerate(classes)]
         if y is not None:
@@ -259,10 +340,16 @@ def predict(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="predict", description="Classify images with a model `fedhet export` wrote."
+        prog="predict",
+        description="Classify images or feature vectors with a model `fedhet export` wrote.",
     )
     parser.add_argument("model", type=Path, help="the .onnx file")
-    parser.add_argument("inputs", type=Path, nargs="+", help="image files, folders, .npz files")
+    parser.add_argument(
+        "inputs",
+        type=Path,
+        nargs="+",
+        help="image files, folders, .npz files, .csv files (feature vectors)",
+    )
     parser.add_argument("--dataset", default="", help="refuse a model of another dataset")
     parser.add_argument("--batch-size", type=int, default=256)
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ import torch
 
 from common.devices import Device
 from models import build_model
+from models.nets import input_shape
 from models.workload import training_flops
 
 
@@ -49,7 +50,7 @@ def flops_per_sample(
     )
     if rank_ratio < 1 and layers:
         model.extractor = factorise(model.extractor, list(layers), rank_ratio, svd=False)
-    x = torch.zeros(1, in_channels, image_size, image_size)
+    x = torch.zeros(1, *input_shape(in_channels, image_size))
     model.eval()
     return training_flops(model, x)
 

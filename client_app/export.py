@@ -40,6 +40,7 @@ from client_app.base import ClientHook, ClientRun, NodeSpec, open_run
 from client_app.prototypes import FedProtoHook, received_prototypes
 from common import methods
 from common.config import ConfigError, DataConfig, RunConfig, Scalar, flatten
+from data.client import ClientData
 from models.export import INPUT, OUTPUT, NearestPrototype, to_onnx
 
 ONNX_EXPORT = "onnx-export"
@@ -204,6 +205,29 @@ def _version(package: str) -> str:
         return "unknown"
 
 
+def _input_entry(data: ClientData) -> dict[str, Any]:
+    """The card's ``input``: images ``NCHW`` (with ``resized-from`` when they were
+    resized in training), or feature vectors ``NF``."""
+    if data.tabular:
+        return {
+            "name": INPUT,
+            "shape": ["batch", data.in_channels],
+            "dtype": "float32",
+            "layout": "NF",
+        }
+    return {
+        "name": INPUT,
+        "shape": ["batch", data.in_channels, data.image_size, data.image_size],
+        "dtype": "float32",
+        "layout": "NCHW",
+        **(
+            {"resized-from": [data.resized_from, data.resized_from], "resize": "bilinear"}
+            if data.resized_from
+            else {}
+        ),
+    }
+
+
 def model_card(
     run: ClientRun,
     doc: Mapping[str, Any],
@@ -220,7 +244,10 @@ def model_card(
     names = CLASS_NAMES.get(dataset)
     if names is None or len(names) != data.num_classes:
         names = tuple(str(c) for c in range(data.num_classes))
-    mean, std = normalisation(run.cfg, run.node)
+    if data.mean:
+        mean, std = [float(m) for m in data.mean], [float(v) for v in data.std]
+    else:
+        mean, std = normalisation(run.cfg, run.node)
     decision = "nearest-prototype" if isinstance(module, NearestPrototype) else "head"
     return {
         "format": FORMAT,
@@ -233,19 +260,11 @@ def model_card(
         "dataset": dataset,
         "num-classes": data.num_classes,
         "classes": list(names),
-        "input": {
-            "name": INPUT,
-            "shape": ["batch", data.in_channels, data.image_size, data.image_size],
-            "dtype": "float32",
-            "layout": "NCHW",
-            **(
-                {"resized-from": [data.resized_from, data.resized_from], "resize": "bilinear"}
-                if data.resized_from
-                else {}
-            ),
-        },
+        "input": _input_entry(data),
         "normalisation": {
-            "rule": "x[c] = (pixel[c] / 255 - mean[c]) / std[c]",
+            "rule": "x[f] = (value[f] - mean[f]) / std[f]"
+            if data.tabular
+            else "x[c] = (pixel[c] / 255 - mean[c]) / std[c]",
             "mean": mean,
             "std": std,
         },
@@ -274,7 +293,7 @@ def write_model(module: nn.Module, card: Mapping[str, Any], path: Path) -> Path:
     shape = card["input"]["shape"][1:]
     module = module.cpu()
     text = json.dumps(card, indent=1)
-    to_onnx(module, (shape[0], shape[1], shape[2]), path, {METADATA_KEY: text})
+    to_onnx(module, tuple(int(v) for v in shape), path, {METADATA_KEY: text})
     side = path.with_suffix(".json")
     tmp = side.with_name(f"{side.name}.tmp{os.getpid()}")
     tmp.write_text(text + "\n")

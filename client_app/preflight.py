@@ -35,6 +35,8 @@ def unfit_reason(exc: BaseException) -> str:
             f"set data.image-size to {MIN_SIDE} or more, or 0 to resize small images "
             "automatically)"
         )
+    if "takes feature vectors" in text or "takes images" in text:
+        return f"model: {text}"
     if isinstance(exc, (ValueError, KeyError, OSError)):
         return f"data or model: {type(exc).__name__}: {text}"
     return f"{type(exc).__name__}: {text}"

@@ -182,7 +182,8 @@ class RunConfig(Section):
             if len(archs) > 1:
                 raise ValueError(
                     "algorithm 'fedavg' needs a homogeneous model.family (one "
-                    f"architecture, e.g. 'fedavgcnn'); '{self.model.family}' has "
+                    "architecture, e.g. 'fedavgcnn', or 'mlp-1' for feature vectors); "
+                    f"'{self.model.family}' has "
                     f"{', '.join(archs)}"
                 )
         if self.min_available_nodes < self.min_train_nodes:

@@ -81,19 +81,20 @@ class DataConfig(Section):
     image_size: int = Field(0, ge=0)
     """Side in pixels the images are resized to (bilinear) as a node loads them; 0 = as
     they are, except images smaller than 16 px (the smallest input of the model
-    families' stems), which go up to 16 px (one log line says so)."""
+    families' stems), which go up to 16 px (one log line says so). Must be 0 for
+    feature vectors."""
 
 
 class ModelConfig(Section):
     """``model.*``: the model family and the unified representation size ``d``."""
 
     family: str = "cnn"
-    """A family name (``cnn``: CNN-1..5; ``fedavgcnn``; ``htfe``; ``htfe8``; README,
-    Models) or a comma-separated list of architecture names, assigned round-robin by
-    partition id."""
+    """A family name (``cnn``: CNN-1..5; ``fedavgcnn``; ``htfe``; ``htfe8``; ``mlp``:
+    MLP-1..5 for feature vectors; README, Models) or a comma-separated list of
+    architecture names, assigned round-robin by partition id."""
     feature_dim: int = Field(0, ge=0)
     """Unified representation size ``d``; 0 = the family's natural ``d`` (500 for
-    ``cnn``, 512 otherwise)."""
+    ``cnn``, 128 for ``mlp``, 512 otherwise)."""
     small_input_stem: bool = True
     """torchvision nets get a 3×3 stride-1 first conv and no max-pool (for 28–32 px
     images)."""

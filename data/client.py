@@ -5,10 +5,11 @@
 folder); :func:`load_local_data` reads a device's own dataset without any
 global partition. torch is imported only when tensors are built.
 
-Client files hold either ``uint8`` images ``[n, H, W]`` / ``[n, H, W, C]``
-(normalised here with the folder's mean and std) or ``float32`` images
-``[n, C, H, W]`` as PFLlib exports them, which are taken as already normalised
-(mean 0, std 1).
+Client files hold ``uint8`` images ``[n, H, W]`` / ``[n, H, W, C]`` (normalised
+here with the folder's mean and std), ``float32`` images ``[n, C, H, W]`` as PFLlib
+exports them, which are taken as already normalised (mean 0, std 1), or feature
+vectors ``[n, F]`` (tabular or sensor data; any real dtype, read as float32),
+standardised per feature with the folder's mean and std: ``(x - mean) / std``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 
 from common.config import DataConfig
 from common.errors import ConfigError
-from data.datasets import channel_stats, load_arrays
+from data.datasets import channel_stats, check_features, feature_stats, load_arrays
 from data.layout import (
     GLOBAL_TEST_FILE,
     client_files,
@@ -57,15 +58,15 @@ class ClientData:
     ----------
     x_train, x_test : torch.Tensor
         ``float32`` images ``[n, C, H, W]``, normalised with the dataset's
-        per-channel mean and std.
+        per-channel mean and std, or standardised features ``[n, F]``.
     y_train, y_test : torch.Tensor
         ``int64`` labels ``[n]``.
     num_classes : int
         Number of classes of the whole dataset (not only this client's).
     in_channels : int
-        ``C``.
+        ``C`` (images) or ``F`` (features).
     image_size : int
-        ``H``.
+        ``H`` (images); 0 for feature vectors.
     train_class_counts : numpy.ndarray
         ``int64`` ``[num_classes]``: training samples per class.
     """
@@ -80,6 +81,20 @@ class ClientData:
     train_class_counts: NDArray[np.int64]
     resized_from: int = 0
     """The images' own side when they were resized to ``image_size`` (0: not resized)."""
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    """The normalisation the samples got: per channel on the [0, 1] pixel scale
+    (images), or per feature in the features' units (``(x - mean) / std``)."""
+
+    @property
+    def tabular(self) -> bool:
+        """Whether the samples are feature vectors ``[n, F]`` (``image_size`` 0)."""
+        return self.image_size == 0
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape: ``(C, H, W)``, or ``(F,)`` for feature vectors."""
+        return tuple(int(v) for v in self.x_train.shape[1:])
 
 
 MIN_SIDE = 16
@@ -125,13 +140,17 @@ def _say_resized(side: int, target: int) -> None:
 
 
 def to_tensor(x: NDArray[Any], mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """Images as a ``float32 [n, C, H, W]`` tensor.
+    """Samples as a ``float32`` tensor: images ``[n, C, H, W]`` or features ``[n, F]``.
 
     ``uint8 [n, H, W(, C)]`` is scaled to ``[0, 1]`` and normalised with the
-    per-channel ``mean`` and ``std``; ``float32 [n, C, H, W]`` is taken as is.
+    per-channel ``mean`` and ``std``; ``float32 [n, C, H, W]`` is taken as is;
+    features ``[n, F]`` become ``(x - mean) / std`` per feature.
     """
     import torch
 
+    if x.ndim == 2:
+        centred = (x.astype(np.float64) - np.asarray(mean)) / np.asarray(std)
+        return torch.from_numpy(np.ascontiguousarray(centred, dtype=np.float32))
     if x.dtype == np.float32:
         return torch.from_numpy(np.ascontiguousarray(x))
     images = x[..., None] if x.ndim == 3 else x
@@ -148,12 +167,15 @@ def _read_client_file(path: Path) -> tuple[NDArray[Any], NDArray[np.int64]]:
             x, y = archive["x"], archive["y"]
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"cannot read arrays 'x' and 'y' from {path}: {exc}") from None
+    if x.ndim == 2:
+        x = check_features(x, f"array 'x' in {path}")
     uint8_ok = x.dtype == np.uint8 and (x.ndim == 3 or (x.ndim == 4 and x.shape[-1] in (1, 3)))
     float_ok = x.dtype == np.float32 and x.ndim == 4 and x.shape[1] in (1, 3)
-    if not (uint8_ok or float_ok):
+    if not (uint8_ok or float_ok or x.ndim == 2):
         raise ConfigError(
             f"array 'x' in {path} has dtype {x.dtype} and shape {x.shape}; expected "
-            "uint8 [n, H, W(, C)] or float32 [n, C, H, W] with C = 1 or 3"
+            "uint8 [n, H, W(, C)] or float32 [n, C, H, W] with C = 1 or 3 (images), "
+            "or float32 [n, F] (features)"
         )
     if not np.issubdtype(y.dtype, np.integer) or y.shape != (len(x),):
         raise ConfigError(f"array 'y' in {path} must hold {len(x)} integer labels")
@@ -165,7 +187,8 @@ def _folder_info(folder: str) -> tuple[int, Stats]:
     """``num_classes`` and ``(mean, std)`` of a partition folder.
 
     From ``meta.json`` when present; otherwise the classes are counted from all
-    label arrays and ``uint8`` statistics are computed over all training files.
+    label arrays and ``uint8`` (per channel) or feature (per feature) statistics are
+    computed over all training files (never the test files).
     """
     path = Path(folder)
     meta = read_meta(path)
@@ -173,6 +196,8 @@ def _folder_info(folder: str) -> tuple[int, Stats]:
         return int(meta["num_classes"]), (tuple(meta["mean"]), tuple(meta["std"]))
     num_classes = int(partition_summary(path)["num_classes"])
     images = [_read_client_file(client_files(path, i)[0])[0] for i in range(count_clients(path))]
+    if images[0].ndim == 2:
+        return num_classes, feature_stats(np.concatenate(images))
     if images[0].dtype == np.float32:
         channels = images[0].shape[1]
         return num_classes, ((0.0,) * channels, (1.0,) * channels)
@@ -190,6 +215,28 @@ def _client_data(
     import torch
 
     x_train, x_test = to_tensor(train[0], *stats), to_tensor(test[0], *stats)
+    if x_train.ndim == 2:
+        if image_size:
+            raise ConfigError(
+                f"data.image-size = {image_size} resizes images, but the data are "
+                f"feature vectors [n, {x_train.shape[1]}]; set data.image-size = 0"
+            )
+        if x_test.shape[1:] != x_train.shape[1:]:
+            raise ConfigError(
+                f"test samples have {x_test.shape[1]} features, training samples {x_train.shape[1]}"
+            )
+        return ClientData(
+            x_train=x_train,
+            y_train=torch.from_numpy(train[1]),
+            x_test=x_test,
+            y_test=torch.from_numpy(test[1]),
+            num_classes=num_classes,
+            in_channels=int(x_train.shape[1]),
+            image_size=0,
+            train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
+            mean=tuple(stats[0]),
+            std=tuple(stats[1]),
+        )
     side = int(x_train.shape[2])
     target = target_side(side, image_size)
     if target != side:
@@ -205,6 +252,8 @@ def _client_data(
         image_size=target,
         train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
         resized_from=side if target != side else 0,
+        mean=tuple(stats[0]),
+        std=tuple(stats[1]),
     )
 
 
@@ -291,8 +340,10 @@ def load_global_test(
         return None
     _, stats = _folder_info(str(folder.resolve()))
     x, y = _read_client_file(path)
-    images = to_tensor(x, *stats)
-    return resize(images, target_side(int(images.shape[2]), cfg.image_size)), torch.from_numpy(y)
+    samples = to_tensor(x, *stats)
+    if samples.ndim == 2:
+        return samples, torch.from_numpy(y)
+    return resize(samples, target_side(int(samples.shape[2]), cfg.image_size)), torch.from_numpy(y)
 
 
 def load_local_data(
@@ -346,4 +397,6 @@ def load_local_data(
         )  # fmt: skip
         train = (ds.x_train[train_idx], ds.y_train[train_idx])
         test = (ds.x_train[test_idx], ds.y_train[test_idx])
+    if ds.tabular:
+        stats = feature_stats(train[0])  # the local training samples only
     return _client_data(train, test, ds.num_classes, stats, image_size)

@@ -1,7 +1,10 @@
-"""Whole datasets as ``uint8`` arrays: :func:`load_arrays` and its sources.
+"""Whole datasets in memory: :func:`load_arrays` and its sources.
 
-Every source yields a :class:`Dataset` with images ``[N, H, W, C]`` (C = 1 or 3)
-and ``int64`` labels (readers in :mod:`data.builtin` and :mod:`data.images`).
+Every source yields a :class:`Dataset` with ``int64`` labels and either ``uint8``
+images ``[N, H, W, C]`` (C = 1 or 3; readers in :mod:`data.builtin` and
+:mod:`data.images`) or ``float32`` feature vectors ``[N, F]`` (tabular or sensor
+data, from ``npz``), standardised per feature with the mean and std of the training
+samples (:func:`feature_stats`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,28 +42,34 @@ class Dataset:
     Attributes
     ----------
     x_train, y_train : numpy.ndarray
-        ``uint8`` images ``[N, H, W, C]`` and ``int64`` labels ``[N]``.
+        ``uint8`` images ``[N, H, W, C]`` or ``float32`` features ``[N, F]``, and
+        ``int64`` labels ``[N]``.
     x_test, y_test : numpy.ndarray or None
         The official test split; ``None`` when the source has none.
     num_classes : int
         Number of classes (labels lie in ``0 .. num_classes - 1``).
     mean, std : tuple of float
-        Per-channel normalisation statistics on the ``[0, 1]`` scale.
+        Per-channel normalisation statistics on the ``[0, 1]`` scale (images), or
+        per-feature ones in the features' own units (features).
     """
 
-    x_train: NDArray[np.uint8]
+    x_train: NDArray[Any]
     y_train: NDArray[np.int64]
-    x_test: NDArray[np.uint8] | None
+    x_test: NDArray[Any] | None
     y_test: NDArray[np.int64] | None
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """``(H, W, C)`` of every image."""
-        _, height, width, channels = self.x_train.shape
-        return int(height), int(width), int(channels)
+    def tabular(self) -> bool:
+        """Whether the samples are feature vectors ``[N, F]`` rather than images."""
+        return self.x_train.ndim == 2
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """``(H, W, C)`` of every image, or ``(F,)`` of every feature vector."""
+        return tuple(int(v) for v in self.x_train.shape[1:])
 
 
 def data_root(cfg: DataConfig) -> Path:
@@ -86,6 +95,50 @@ def channel_stats(x: NDArray[np.uint8], block: int = 1 << 20) -> Stats:
     std = np.sqrt(np.maximum(squares / count - np.square(mean), 0.0))
     std = np.where(std < 1e-6, 1.0, std)
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def feature_stats(x: NDArray[np.floating[Any]]) -> Stats:
+    """Per-feature mean and std of feature vectors ``[N, F]`` (float64 sums).
+
+    A feature with zero variance (or std below 1e-6 of its own units) gets std 1,
+    so standardising leaves it at 0.
+    """
+    values = np.asarray(x, dtype=np.float64)
+    mean = values.mean(axis=0) if len(values) else np.zeros(values.shape[1])
+    std = values.std(axis=0) if len(values) else np.ones(values.shape[1])
+    std = np.where(std < 1e-6, 1.0, std)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def check_features(x: NDArray[np.generic], where: str) -> NDArray[np.float32]:
+    """Validate feature vectors ``[N, F]`` (any real dtype); return them as float32.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``where``: not 2-D, empty, not numeric, or holding NaN / infinity
+        (the first such row is named).
+    """
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ConfigError(
+            f"{where} has dtype {x.dtype}; expected numbers (float32 features [N, F])"
+        )
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ConfigError(f"{where} has shape {x.shape}; expected features [N, F] with N, F >= 1")
+    features = x.astype(np.float32, copy=False)
+    finite = np.isfinite(features).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ConfigError(
+            f"{where} holds NaN or infinite values in {len(bad)} row(s), the first at "
+            f"row {int(bad[0])}; fill or drop them before federating"
+        )
+    return features
+
+
+def is_feature_array(x: NDArray[np.generic]) -> bool:
+    """Whether an ``x`` array is read as feature vectors: 2-D ``[N, F]`` of numbers."""
+    return x.ndim == 2
 
 
 def _fashion_mnist(cfg: DataConfig) -> Dataset:
@@ -133,9 +186,11 @@ def _check_labels(y: NDArray[np.generic], count: int, where: str) -> NDArray[np.
 def _npz(cfg: DataConfig) -> Dataset:
     """An ``.npz`` file with ``x``, ``y`` and optionally ``x_test``, ``y_test``.
 
-    ``x``: ``uint8 [N, H, W]`` or ``[N, H, W, C]`` (C = 1 or 3); ``y``: one
-    non-negative integer label per image. ``num_classes`` is the largest label
-    plus one; mean and std are computed from ``x``.
+    ``x``: ``uint8`` images ``[N, H, W]`` or ``[N, H, W, C]`` (C = 1 or 3), or
+    feature vectors ``[N, F]`` (float32; any real dtype is read as float32, NaN and
+    infinity refused); ``y``: one non-negative integer label per sample.
+    ``num_classes`` is the largest label plus one; mean and std are computed from
+    ``x`` (per channel for images, per feature for features).
     """
     path = Path(cfg.root).expanduser()
     if not cfg.root or not path.is_file():
@@ -154,19 +209,23 @@ def _npz(cfg: DataConfig) -> Dataset:
             f"{path} must hold arrays 'x' and 'y' (and optionally both 'x_test' "
             f"and 'y_test'); it holds {sorted(arrays)}"
         )
-    x = _check_images(arrays["x"], f"array 'x' in {path}")
+    tabular = is_feature_array(arrays["x"])
+    check: Callable[[NDArray[np.generic], str], NDArray[Any]]
+    check = check_features if tabular else _check_images
+    x: NDArray[Any] = check(arrays["x"], f"array 'x' in {path}")
     y = _check_labels(arrays["y"], len(x), f"array 'y' in {path}")
     x_test = y_test = None
     if "x_test" in arrays:
-        x_test = _check_images(arrays["x_test"], f"array 'x_test' in {path}")
+        x_test = check(arrays["x_test"], f"array 'x_test' in {path}")
         y_test = _check_labels(arrays["y_test"], len(x_test), f"array 'y_test' in {path}")
         if x_test.shape[1:] != x.shape[1:]:
             raise ConfigError(
-                f"array 'x_test' in {path} has images of shape {x_test.shape[1:]}, "
+                f"array 'x_test' in {path} has samples of shape {x_test.shape[1:]}, "
                 f"but 'x' has {x.shape[1:]}"
             )
     top = max(int(y.max()), int(y_test.max()) if y_test is not None else 0)
-    return Dataset(x, y, x_test, y_test, top + 1, *channel_stats(x))
+    stats = feature_stats(x) if tabular else channel_stats(x)
+    return Dataset(x, y, x_test, y_test, top + 1, *stats)
 
 
 def _image_folder(cfg: DataConfig) -> Dataset:

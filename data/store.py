@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import ConfigError
-from data.datasets import Dataset, load_arrays
+from data.datasets import Dataset, feature_stats, load_arrays
 from data.layout import GLOBAL_TEST_FILE, META_FILE, clients_npz_dir
 from data.layout import partition_summary as partition_summary
 from data.partition import (
@@ -132,9 +132,19 @@ def _client_shares(
     return [keep[part] for part in parts]
 
 
-def _save(path: Path, x: NDArray[np.uint8], y: NDArray[np.int64]) -> None:
+def _save(path: Path, x: NDArray[Any], y: NDArray[np.int64]) -> None:
     with path.open("wb") as handle:
         np.savez(handle, x=x, y=y)
+
+
+def _stats_meta(ds: Dataset, x: NDArray[Any], trained: list[IndexArray]) -> dict[str, Any]:
+    """meta.json's normalisation and input entries. Images keep the dataset's
+    per-channel statistics; features are standardised with the per-feature mean and
+    std of the clients' training samples only (no local test sample enters them)."""
+    if not ds.tabular:
+        return {"mean": list(ds.mean), "std": list(ds.std), "image_shape": list(ds.input_shape)}
+    mean, std = feature_stats(x[np.concatenate(trained)])
+    return {"mean": list(mean), "std": list(std), "features": int(x.shape[1])}
 
 
 def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) -> None:
@@ -144,11 +154,13 @@ def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) 
     counts: dict[str, list[list[int]]] = {"train": [], "test": []}
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "test").mkdir(exist_ok=True)
+    trained: list[IndexArray] = []
     for cid, share in enumerate(_client_shares(cfg, y, num_partitions, seed)):
         train, test = split_train_test(
             share, cfg.train_fraction, _rng(seed, _STREAM_SPLIT, cid),
             cfg.min_train_samples, cfg.min_test_samples,
         )  # fmt: skip
+        trained.append(train)
         for split, idx in (("train", train), ("test", test)):
             _save(out / split / f"{cid}.npz", x[idx], y[idx])
             counts[split].append(np.bincount(y[idx], minlength=ds.num_classes).tolist())
@@ -162,9 +174,7 @@ def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) 
         "format": FORMAT_VERSION,
         "num_clients": num_partitions,
         "num_classes": ds.num_classes,
-        "mean": list(ds.mean),
-        "std": list(ds.std),
-        "image_shape": list(ds.image_shape),
+        **_stats_meta(ds, x, trained),
         "settings": split_settings(cfg, num_partitions, seed),
         "train_class_counts": counts["train"],
         "test_class_counts": counts["test"],

@@ -50,7 +50,7 @@ class NearestPrototype(nn.Module):
 
 def to_onnx(
     module: nn.Module,
-    input_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],
     path: Path,
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
@@ -59,9 +59,9 @@ def to_onnx(
     Parameters
     ----------
     module
-        Maps ``float32 [batch, C, H, W]`` to ``[batch, classes]``.
+        Maps ``float32 [batch, C, H, W]`` (or ``[batch, F]``) to ``[batch, classes]``.
     input_shape
-        ``(C, H, W)`` of one input.
+        ``(C, H, W)`` of one image, or ``(F,)`` of one feature vector.
     path
         The ONNX file; written as ``<path>.tmp<pid>`` and renamed over ``path``.
     metadata

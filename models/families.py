@@ -20,6 +20,7 @@ from models.nets import (
     cnn_extractor,
     cnn_flat_features,
     fedavgcnn_extractor,
+    mlp_extractor,
     torchvision_extractor,
 )
 
@@ -44,18 +45,50 @@ _CNN_SHAPES: dict[str, tuple[int, int]] = {
 }
 
 
+_MLP_SHAPES: dict[str, tuple[int, ...]] = {
+    # arch -> output width of each fully connected layer (the last: the family's d)
+    "mlp-1": (512, 512, 128),
+    "mlp-2": (512, 256, 128),
+    "mlp-3": (256, 128),
+    "mlp-4": (128, 128),
+    "mlp-5": (64, 128),
+}
+MLP_DIM = 128
+"""Output size of every ``mlp`` extractor (the family's natural ``d``)."""
+
+
+def _takes_images(arch: str, image_size: int) -> None:
+    if image_size == 0:
+        raise ValueError(
+            f"{arch} takes images, but the data are feature vectors [n, F]; "
+            "use model.family=mlp for tabular or sensor data"
+        )
+
+
+def _mlp(in_channels: int, image_size: int, small_stem: bool = True, *, arch: str) -> nn.Module:
+    if image_size != 0:
+        raise ValueError(
+            f"{arch} takes feature vectors [n, F], but the data are {image_size}x"
+            f"{image_size} images; use an image family (model.family=cnn, htfe, ...)"
+        )
+    return mlp_extractor(in_channels, _MLP_SHAPES[arch])
+
+
 def _cnn(in_channels: int, image_size: int, small_stem: bool = True, *, arch: str) -> nn.Module:
+    _takes_images(arch, image_size)
     hidden, conv2 = _CNN_SHAPES[arch]
     return cnn_extractor(in_channels, image_size, hidden=hidden, conv2_channels=conv2)
 
 
 def _fedavgcnn(in_channels: int, image_size: int, small_stem: bool = True) -> nn.Module:
+    _takes_images("fedavgcnn", image_size)
     return fedavgcnn_extractor(in_channels, image_size)
 
 
 def _torchvision(
     in_channels: int, image_size: int, small_stem: bool = True, *, arch: str
 ) -> nn.Module:
+    _takes_images(arch, image_size)
     return torchvision_extractor(arch, in_channels, small_stem)
 
 
@@ -63,10 +96,13 @@ ARCHITECTURES: dict[str, Callable[..., nn.Module]] = {
     **{arch: partial(_cnn, arch=arch) for arch in _CNN_SHAPES},
     "fedavgcnn": _fedavgcnn,
     **{arch: partial(_torchvision, arch=arch) for arch in TORCHVISION_OUT_FEATURES},
+    **{arch: partial(_mlp, arch=arch) for arch in _MLP_SHAPES},
 }
 """Architecture name -> extractor builder ``(in_channels, image_size, small_stem)``.
 
-``small_stem`` only affects the torchvision architectures.
+``small_stem`` only affects the torchvision architectures. The ``mlp-*``
+architectures take feature vectors (``image_size`` 0, ``in_channels`` = features);
+every other one takes images.
 """
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -83,10 +119,17 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "resnet101",
         "resnet152",
     ),
+    "mlp": tuple(_MLP_SHAPES),
 }
 """Family name -> architectures, assigned round-robin by partition id."""
 
-NATURAL_DIM: dict[str, int] = {"cnn": 500, "fedavgcnn": 512, "htfe": 512, "htfe8": 512}
+NATURAL_DIM: dict[str, int] = {
+    "cnn": 500,
+    "fedavgcnn": 512,
+    "htfe": 512,
+    "htfe8": 512,
+    "mlp": MLP_DIM,
+}
 """Family name -> natural unified representation size ``d``."""
 
 
@@ -94,6 +137,7 @@ _OUT_FEATURES: dict[str, int] = {
     **dict.fromkeys(_CNN_SHAPES, 500),
     "fedavgcnn": 512,
     **TORCHVISION_OUT_FEATURES,
+    **dict.fromkeys(_MLP_SHAPES, MLP_DIM),
 }
 """Architecture name -> flattened extractor output size (independent of inputs)."""
 
@@ -154,6 +198,8 @@ def natural_dim(family: str) -> int:
     if family in NATURAL_DIM:
         return NATURAL_DIM[family]
     archs = family_archs(family)
+    if all(a in _MLP_SHAPES for a in archs):
+        return MLP_DIM
     return NATURAL_DIM["cnn"] if all(a in _CNN_SHAPES for a in archs) else 512
 
 
@@ -180,6 +226,11 @@ def extractor_out_features(
         The output size ``n`` of the extractor.
     """
     _check_arch(arch)
+    if arch in _MLP_SHAPES:
+        if image_size != 0:
+            _mlp(in_channels, image_size, arch=arch)  # raises: mlp takes feature vectors
+        return _OUT_FEATURES[arch]
+    _takes_images(arch, image_size)
     if arch in FAMILIES["cnn"] or arch == "fedavgcnn":
         conv2 = _CNN_SHAPES[arch][1] if arch in _CNN_SHAPES else 64
         cnn_flat_features(image_size, conv2)  # raises if the image is too small

@@ -20,6 +20,8 @@ __all__ = [
     "cnn_extractor",
     "fedavgcnn_extractor",
     "cnn_flat_features",
+    "mlp_extractor",
+    "input_shape",
     "torchvision_extractor",
     "TORCHVISION_OUT_FEATURES",
 ]
@@ -98,6 +100,41 @@ class HetNet(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch!r}, feature_dim={self.feature_dim}"
+
+
+def input_shape(in_channels: int, image_size: int) -> tuple[int, ...]:
+    """One sample's shape: ``(C, H, W)`` images, or ``(F,)`` feature vectors when
+    ``image_size`` is 0 (``in_channels`` is then the number of features ``F``)."""
+    if image_size == 0:
+        return (in_channels,)
+    return (in_channels, image_size, image_size)
+
+
+# --------------------------------------------------------------------------- MLPs
+
+
+def mlp_extractor(in_features: int, widths: tuple[int, ...]) -> nn.Sequential:
+    """Extractor of the ``mlp`` family, for feature vectors ``[B, F]``.
+
+    ``FC(F->widths[0])-ReLU, FC(widths[0]->widths[1])-ReLU, ...``; the output size
+    is ``widths[-1]``. Every layer is a ``Linear`` named ``fc1``, ``fc2``, ... (so
+    FedARA factorises them and FedLoRA can target them).
+
+    Parameters
+    ----------
+    in_features : int
+        Number of input features ``F``.
+    widths : tuple of int
+        Output width of each fully connected layer.
+    """
+    if in_features < 1 or not widths:
+        raise ValueError(f"an MLP needs F >= 1 input features and a layer; got F={in_features}")
+    layers: list[tuple[str, nn.Module]] = []
+    previous = in_features
+    for i, width in enumerate(widths, start=1):
+        layers += [(f"fc{i}", nn.Linear(previous, width)), (f"relu{i}", nn.ReLU())]
+        previous = width
+    return nn.Sequential(OrderedDict(layers))
 
 
 # --------------------------------------------------------------------------- CNNs

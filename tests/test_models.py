@@ -24,6 +24,7 @@ LIGHT = ("cnn-1", "cnn-2", "cnn-3", "cnn-4", "cnn-5", "fedavgcnn")
 HEAVY = ("resnet18", "resnet34", "resnet50", "mobilenet_v2", "shufflenet_v2")
 HEAVY += ("googlenet",)
 BUILD_ONLY = ("resnet101", "resnet152")
+MLP = ("mlp-1", "mlp-2", "mlp-3", "mlp-4", "mlp-5")
 STEM_POOL = {"shufflenet_v2": "maxpool", "googlenet": "maxpool1"}
 STEM_POOL.update(dict.fromkeys(["resnet18", "resnet34", "resnet50"], "maxpool"))
 CNN_HIDDEN = {"cnn-1": 2000, "cnn-2": 2000, "cnn-3": 1000, "cnn-4": 800, "cnn-5": 500}
@@ -54,7 +55,34 @@ def _forward(arch: str, channels: int, size: int, classes: int, dim: int) -> Non
 def test_every_family_arch_is_covered() -> None:
     family_members = {arch for archs in FAMILIES.values() for arch in archs}
     assert family_members <= set(ARCHITECTURES)
-    assert set(LIGHT + HEAVY + BUILD_ONLY) == set(ARCHITECTURES)
+    assert set(LIGHT + HEAVY + BUILD_ONLY + MLP) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("arch", MLP)
+@pytest.mark.parametrize("features", [1, 16, 64])
+def test_mlp_shapes(arch: str, features: int) -> None:
+    """Feature vectors ``[B, F]`` (image size 0): ``extractor -> RM -> head``, every
+    extractor layer a Linear; the family's widths and depths differ."""
+    model = build_model(arch, in_channels=features, num_classes=5, image_size=0, feature_dim=64)
+    x = torch.randn(3, features)
+    assert model.extractor(x).shape == (3, extractor_out_features(arch, features, 0)) == (3, 128)
+    assert model.features(x).shape == (3, 64) and model(x).shape == (3, 5)
+    assert all(isinstance(m, nn.Linear) for m in model.extractor if not isinstance(m, nn.ReLU))
+    with pytest.raises(ValueError, match="takes feature vectors.*image family"):
+        build_model(arch, in_channels=1, num_classes=5, image_size=28, feature_dim=64)
+    with pytest.raises(ValueError, match="takes images.*model.family=mlp"):
+        build_model("cnn-1", in_channels=features, num_classes=5, image_size=0, feature_dim=64)
+
+
+def test_the_mlp_family_differs_in_width_and_depth() -> None:
+    sizes = {
+        arch: [m.out_features for m in build_model(
+            arch, in_channels=16, num_classes=5, image_size=0, feature_dim=128
+        ).extractor if isinstance(m, nn.Linear)]
+        for arch in MLP
+    }  # fmt: skip
+    assert len({len(v) for v in sizes.values()}) == 2 and len({v[0] for v in sizes.values()}) == 4
+    assert natural_dim("mlp") == natural_dim("mlp-2,mlp-4") == 128
 
 
 @pytest.mark.parametrize("arch", LIGHT)
@@ -183,7 +211,7 @@ def test_families() -> None:
     assert len(family_archs("htfe8")) == 8
     assert family_archs("cnn-1, cnn-3") == ("cnn-1", "cnn-3")
     assert arch_for_partition("cnn-1,cnn-3", 3) == "cnn-3"
-    assert NATURAL_DIM == {"cnn": 500, "fedavgcnn": 512, "htfe": 512, "htfe8": 512}
+    assert NATURAL_DIM == {"cnn": 500, "fedavgcnn": 512, "htfe": 512, "htfe8": 512, "mlp": 128}
     assert natural_dim("cnn-2,cnn-5") == 500
     assert natural_dim("cnn-2,resnet18") == 512
     assert natural_dim("htfe") == 512

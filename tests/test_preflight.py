@@ -37,7 +37,12 @@ def _tabular(tmp: Path) -> Path:
             " data.image-size=8",  # kept at 8 px on purpose: too small for the stems
             "partition 0: model: image_size 8 is too small; need at least 16",
         ),
-        (_tabular, "", "partition 0: data: array 'x' in"),
+        (
+            _tabular,
+            "",
+            "partition 0: model: cnn-1 takes images, but the data are feature "
+            "vectors [n, F]; use model.family=mlp",
+        ),
     ],
 )
 def test_simulate_stops_before_flower_with_one_line(  # type: ignore[no-untyped-def]
@@ -105,7 +110,7 @@ def test_the_server_stops_with_the_nodes_causes_not_no_node_answered(tmp_path: P
         )
     text = str(stop.value)
     assert "no node can run (3 answered with a cause)" in text
-    assert "data: array 'x' in" in text and "expected uint8 pixels" in text
+    assert "model: cnn-1 takes images" in text and "use model.family=mlp" in text
 
 
 @pytest.mark.slow  # loads and trains: about 10 s
