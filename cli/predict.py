@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -48,6 +49,9 @@ class Model:
     """An exported model and its card, in an ONNX Runtime session."""
 
     def __init__(self, path: Path) -> None:
+        # onnxruntime's builds record a device id and queue telemetry events in
+        # ~/.cache/Microsoft/DeveloperTools/.onnxruntime on import unless this is set
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
         try:
             import onnxruntime as ort
         except ImportError:

@@ -8,6 +8,7 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # no ~/.cache/Microsoft files
 if "FEDHET_CACHE_DIR" not in os.environ:
     # the virtual clock's host speed: measured once per test session, not in $HOME
     import tempfile

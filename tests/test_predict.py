@@ -4,6 +4,7 @@ Runtime alone (torch unimportable), as the torch model does; bad input is one li
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,9 +101,14 @@ def test_image_files_and_folders_are_classified_in_order(
     assert out.splitlines()[1].startswith(str(folder / "00.png"))
 
 
-def test_predict_runs_without_torch(exported: Exported) -> None:
+def test_predict_runs_without_torch(exported: Exported, tmp_path: Path) -> None:
     """Both entry points (`fedhet predict` through cli.main, and cli/predict.py copied
-    to a device as one file) work where importing torch fails."""
+    to a device as one file) work where importing torch fails, and leave nothing in the
+    user's home (onnxruntime's device id and telemetry queue are turned off)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env |= {"HOME": str(home), "XDG_CACHE_HOME": ""}
     inputs = [str(exported.model), str(exported.npz)]
     via_cli = f"from cli.main import app\napp(['predict', *{inputs!r}])"
     copied = (
@@ -117,9 +123,11 @@ def test_predict_runs_without_torch(exported: Exported) -> None:
             text=True,
             cwd=ROOT,
             timeout=120,
+            env=env,
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert predicted(done.stdout) == exported.torch_classes.tolist()
+        assert [p.relative_to(home) for p in home.rglob("*")] == []
 
 
 def _bad_inputs(exported: Exported, tmp: Path) -> dict[str, tuple[list[Path], str, str]]:
