@@ -110,22 +110,6 @@ def test_restarted_supernode_resumes_its_personal_model(fed: Federation) -> None
 # ---------------------------------------------------------------- warm executor
 
 
-def test_warm_and_cold_executors_give_the_same_metrics(fed: Federation, tmp_path: Path) -> None:
-    """The same run through Flower's stock executor (a fresh process per message):
-    per-round metrics equal the warm path's (test_tls_auth_run_completes, fresh state)."""
-    configs = [
-        {**c, "state-dir": str(tmp_path / "state" / f"node-{i}")}
-        for i, c in enumerate(fed.node_configs)
-    ]
-    with Federation(tmp_path / "cold", configs, ROOT, secure=True, warm=False) as cold:
-        assert not any(name.startswith("superexec") for name in cold.procs.procs)
-        outcome = cold.run(overrides(fed, "cold"), timeout=900)
-    assert outcome.ok, outcome.log_path.read_text()[-3000:]
-    warm, stock = results(fed, "first")["rounds"], results(fed, "cold")["rounds"]
-    keys = ("accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
-    assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
-
-
 def test_packed_and_unpacked_messages_give_the_same_metrics(fed: Federation) -> None:
     """``pack-messages`` (the default: each message's records as one array on the wire)
     against the records sent one object each: every per-round metric equal."""
@@ -141,7 +125,11 @@ def test_every_part_off_falls_back_to_flowers_own_runtime_and_completes(
 ) -> None:
     """What a Flower that fits none of fedhet's runtime changes gets
     (``FEDHET_FLOWER_PARTS_OFF=all``, as a failed gate would): each process says which
-    part is off in one line, and the run completes with the warm path's metrics."""
+    part is off in one line, and the run completes with the warm path's metrics. With
+    the warm executor off every message runs in a fresh process of Flower's subprocess
+    executor, as with ``fedhet federation --cold``: this is also the check that the cold
+    path gives the warm path's per-round metrics (the cold federation itself runs in
+    tests/test_executor_auth.py)."""
     monkeypatch.setenv("FEDHET_FLOWER_PARTS_OFF", "all")
     configs = [
         {**c, "state-dir": str(tmp_path / "state" / f"node-{i}")}
