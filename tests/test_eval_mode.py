@@ -78,7 +78,7 @@ def kinds(grid: FakeGrid) -> Counter[tuple[str, int]]:
     return out
 
 
-FAST = ("lgfedavg", "fedtgp")
+FAST = ("lgfedavg",)
 """Methods checked in the fast tier; every other registered one is ``slow``."""
 
 
@@ -138,6 +138,7 @@ def test_partial_participation_and_eval_every_evaluate_the_same(tmp_path: Path) 
     assert by_round == Counter({2: 3, 4: 3})
 
 
+@pytest.mark.slow  # a whole in-process run: in the full tier (the fast tier stays under 3 min)
 def test_a_new_tier_for_the_next_round_carries_the_evaluated_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_new_tier_for_the_next_round_carries_the_evaluated_one(
     assert [r["bytes-down"] for r in fold["rounds"]] == [r["bytes-down"] for r in sep["rounds"]]
 
 
+@pytest.mark.slow  # a whole in-process run: in the full tier (the fast tier stays under 3 min)
 def test_stragglers_past_the_deadline_are_evaluated_alike(tmp_path: Path) -> None:
     """Simulated devices with a deadline: stragglers' uploads are dropped in both
     modes, their evaluations kept in both."""

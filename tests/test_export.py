@@ -44,8 +44,9 @@ CASES: dict[str, dict[str, Any]] = {
     "fml": {},
 }
 """Case -> run-config overrides (the case name is the algorithm unless set)."""
-FAST = ("fedara", "fedproto-proto")
-"""In the fast tier: the factors at the client's rank, the prototypes as constants."""
+FAST = ("fedproto-proto",)
+"""In the fast tier: the prototypes as constants (fedara, the factors at the client's rank,
+runs in the full tier with the others)."""
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,7 @@ def test_the_exported_model_decides_as_the_evaluated_one(
         assert sizes[1].stat().st_size < 0.8 * sizes[0].stat().st_size
 
 
+@pytest.mark.slow  # a whole in-process run: in the full tier (the fast tier stays under 3 min)
 def test_a_node_with_onnx_export_writes_its_current_model(tmp_path: Path, cache: Path) -> None:
     """Deployment: node-config ``state-dir`` + ``onnx-export``; the node's model.onnx
     after the run is the last round's evaluated model, and ``fedhet export`` of its

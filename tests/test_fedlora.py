@@ -98,7 +98,9 @@ def test_phase_two_leaves_the_local_model_bit_identical(tmp_path: Path) -> None:
     assert all(not torch.equal(ad0[k], ad1[k]) for k in ad0)
 
 
-@pytest.mark.parametrize("pid", [1, 2])  # htfe: resnet18, mobilenet_v2 (BatchNorm)
+@pytest.mark.parametrize(
+    "pid", [pytest.param(1, marks=pytest.mark.slow), 2]
+)  # htfe: resnet18, mobilenet_v2 (BatchNorm)
 def test_phase_two_leaves_batchnorm_statistics_of_the_frozen_model_unchanged(
     tmp_path: Path, pid: int
 ) -> None:

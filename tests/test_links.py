@@ -92,6 +92,7 @@ def _round_trip(sock: socket.socket, payload: bytes = b"x") -> float:
     return time.perf_counter() - t0
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_a_request_and_its_answer_take_twice_the_one_way_delay(echo: _Server) -> None:
     """One request/response round trip over a link of delay d each way takes 2d; a
     new connection's first one also pays the TCP handshake (another 2d)."""
@@ -112,6 +113,7 @@ def test_a_request_and_its_answer_take_twice_the_one_way_delay(echo: _Server) ->
     assert 4 * delay <= first <= 4 * delay + 0.08
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_without_a_link_the_proxy_adds_next_to_nothing(echo: _Server) -> None:
     proxy = _proxy(echo, Link())
     try:
@@ -124,6 +126,7 @@ def test_without_a_link_the_proxy_adds_next_to_nothing(echo: _Server) -> None:
     assert statistics.median(trips) < 0.02
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 @pytest.mark.parametrize("delay_ms", [0.0, 100.0])
 def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: float) -> None:
     """3 MB up at 24 Mbit/s take 1 s, plus the delays: the link is a pipeline, so a
@@ -152,6 +155,7 @@ def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: f
     assert proxy.stats.bytes_up == size
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_the_connections_of_one_node_share_its_rate() -> None:
     """Two connections sending 1.5 MB each at once over a 24 Mbit/s link: 1 s for
     both (one link), not 0.5 s (a rate per connection)."""
@@ -522,11 +526,13 @@ def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(
         assert warm.expiry() == KEEPALIVE_S - WARM_MARGIN_S
         warm.note_rtt(1.0)  # a one-second round trip: a second less
         assert warm.expiry() == pytest.approx(KEEPALIVE_S - WARM_MARGIN_S - 1.0)
+        before = time.monotonic()
         client.post(counting_http.url)
+        after = time.monotonic()
         (conn,) = client._transport._pool._connections
-        assert conn._connection._expire_at - time.monotonic() == pytest.approx(
-            warm.expiry(), abs=0.2
-        )
+        # set when the answer came: between the two clock readings, whatever the load
+        expire_at = conn._connection._expire_at
+        assert before + warm.expiry() - 1e-6 <= expire_at <= after + warm.expiry() + 1e-6
         assert warm.fresh() == 0
         assert warm.ensure(1) == 1
         _wait_opened(warm, 1, counting_http, accepted=2)

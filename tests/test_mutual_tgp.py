@@ -274,6 +274,7 @@ def test_fedkd_client_uploads_the_energy_share_of_its_update(tmp_path: Path) -> 
     assert compressed >= 1
 
 
+@pytest.mark.slow  # a whole in-process run: in the full tier (the fast tier stays under 3 min)
 def test_fml_and_fedtgp_upload_bytes_equal_the_analytic_counts(tmp_path: Path) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fml")
     run = open_run(client_context(tmp_path, "fml", pid=0), 1, methods.get("fml").client_hook())

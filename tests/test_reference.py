@@ -137,6 +137,7 @@ def test_the_tolerance_names_what_moved_beyond_it() -> None:
     assert moved(want, {}) != []
 
 
+@pytest.mark.slow  # a whole in-process run: in the full tier (the fast tier stays under 3 min)
 def test_other_cpu_kernels_move_the_last_digits_within_the_tolerance(tmp_path: Path) -> None:
     """A machine without AVX512, emulated: torch, oneDNN and MKL told to use AVX2 kernels.
     The numbers stay within the tolerance the comparison allows on other machines; on an

@@ -42,7 +42,10 @@ def _run(tmp_path: Path, name: str, **over) -> Path:  # type: ignore[no-untyped-
     return serve(FakeGrid(client_app, run_config, 4), parse_run_config(run_config), True)
 
 
-@pytest.mark.parametrize("algorithm", ["fedre", "fedtgp", "fedara"])
+@pytest.mark.parametrize(
+    "algorithm",
+    ["fedre", *(pytest.param(a, marks=pytest.mark.slow) for a in ("fedtgp", "fedara"))],
+)
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path: Path, algorithm: str) -> None:
     common = {"algorithm": algorithm, "num-server-rounds": 4, "fedtgp.server-epochs": 2}
     full = _run(tmp_path, "full", **common)

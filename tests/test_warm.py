@@ -91,6 +91,7 @@ class SlowGrid:
         return out
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
     inner = SlowGrid([0, 1, 0, 2])
     msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(3)]
@@ -100,6 +101,7 @@ def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
     assert time.monotonic() - start < 1.0  # Flower's HTTP grid would wait 3 s per pull
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_polling_grid_stops_at_the_timeout() -> None:
     inner = SlowGrid([])
     msgs = [Message(RecordDict(), dst_node_id=1, message_type="train.x")]
@@ -140,6 +142,7 @@ class TimedGrid(SlowGrid):
         return super().pull_messages(ids)
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 @pytest.mark.parametrize("mode", ["informed", "fixed"])
 def test_informed_reply_polls_wait_for_the_phase_they_learnt(mode: str) -> None:
     """The second phase of a kind polls a few times before its replies are due (fixed:
@@ -458,6 +461,7 @@ class _TaskState:
         return [1] if self.busy else []
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_node_holds_a_task_request_until_a_message_arrives() -> None:
     import threading
     import time as pytime
@@ -760,6 +764,7 @@ class _Beat:
         return True
 
 
+@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
 def test_a_child_that_died_before_its_reply_is_reported_failed_at_once() -> None:
     """A child killed while its task runs (it never set ``finishing``) is reported to
     the node as failed as soon as it is collected; one that reported its end, or that
