@@ -161,7 +161,11 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.fleet_http_connection import http_request_response
     from flwr.supernode.nodestate import NodeStateFactory
 
-    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch, patient_heartbeats
+    from common import flower_gate
+
+    if flower_gate.use("heartbeat-patience"):
+        patient_heartbeats()
     from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)

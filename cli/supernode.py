@@ -975,8 +975,26 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
                 on_failed=held.ring if held is not None else None,
             )
             replace(handlers, "push_task_output", failed)
+    if gate.use("heartbeat-patience"):
+        patient_heartbeats()
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
+
+
+HEARTBEAT_PATIENCE_S = 30.0
+"""How long a node waits for the answer to a heartbeat (Flower: 5 s). The SuperLink
+declares a node unavailable after 2 x 30 s without one (``HEARTBEAT_PATIENCE`` x
+``HEARTBEAT_DEFAULT_INTERVAL``) and fails the node's pending messages with "Node
+Unavailable". A SuperLink whose one process is saturated answers seconds late: with
+300 emulated nodes on 2 cores, heartbeats that gave up after 5 s (then retried after
+growing backoffs) lost 10 replies of 1,500 that way (docs/deployment.md, "Beyond 16
+nodes"). Waiting as long as one heartbeat interval keeps every answered heartbeat."""
+
+
+def patient_heartbeats(seconds: float = HEARTBEAT_PATIENCE_S) -> None:
+    """Flower's SuperNode heartbeat calls wait ``seconds`` for their answer."""
+    module = importlib.import_module("flwr.supernode.fleet_http_client")
+    replace(module, "HEARTBEAT_CALL_TIMEOUT", seconds)
 
 
 def _arrived(paced: PacedSleep | None, held: HeldTasks | None) -> Callable[[str], None]:

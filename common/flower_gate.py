@@ -200,6 +200,19 @@ PARTS: tuple[Part, ...] = (
         "superexec",
     ),
     Part(
+        "heartbeat-patience",
+        "the SuperNode waits up to 30 s (Flower: 5 s) for its heartbeat's answer, so a "
+        "busy SuperLink that answers late does not declare a live node unavailable",
+        (
+            "flwr.supernode.fleet_http_client:HEARTBEAT_CALL_TIMEOUT",
+            "flwr.supernode.fleet_http_client:FleetHttpClient.SendNodeHeartbeat",
+            "flwr.common.constant:HEARTBEAT_DEFAULT_INTERVAL",
+            "flwr.common.constant:HEARTBEAT_PATIENCE",
+        ),
+        "Flower's 5 s heartbeat timeout",
+        "supernode",
+    ),
+    Part(
         "server-objects",
         "the ServerApp moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
         (

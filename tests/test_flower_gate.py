@@ -175,3 +175,27 @@ def test_the_gate_command_prints_every_part(capsys: pytest.CaptureFixture[str]) 
     assert gate.main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("flwr 1.42.0") and all(p.name in out for p in gate.PARTS)
+
+
+def test_heartbeats_wait_for_a_busy_superlinks_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """heartbeat-patience: the timeout Flower's heartbeat call passes is the node's
+    patience (30 s: one heartbeat interval), not Flower's 5 s; other calls keep theirs."""
+    from flwr.supernode import fleet_http_client as client_module
+
+    from cli.supernode import HEARTBEAT_PATIENCE_S, patient_heartbeats
+
+    asked: dict[str, object] = {}
+
+    def unary(self, *, path, rpc_method, request, response_type, timeout=None):  # type: ignore[no-untyped-def]
+        asked[path.rsplit("/", 1)[-1]] = timeout
+
+    monkeypatch.setattr(client_module.FleetHttpClient, "_unary_unary", unary)
+    client = client_module.FleetHttpClient.__new__(client_module.FleetHttpClient)
+    client.SendNodeHeartbeat(None)  # type: ignore[arg-type]
+    assert asked["send-node-heartbeat"] == 5
+    patient_heartbeats()
+    client.SendNodeHeartbeat(None)  # type: ignore[arg-type]
+    client.PullMessages(None)  # type: ignore[arg-type]
+    assert asked["send-node-heartbeat"] == HEARTBEAT_PATIENCE_S == 30.0
+    assert asked["pull-messages"] is None
+    assert gate.original(client_module, "HEARTBEAT_CALL_TIMEOUT") == 5
