@@ -1,12 +1,13 @@
 """FedARA costs: server time per round, and per tier parameters, bytes, time, memory.
 
 1. Server: ``configure_train`` (one decomposition per distinct tier) + ``aggregate_train``
-   (reconstruction + sample-weighted mean) with 10, 100 and 1000 simulated client
-   replies spread round-robin over the 5 default tiers (cnn-1 extractor), rounds 1
-   and 2, under each ``fedara.truncation``. Median of 5 repetitions (3 for 1000
-   clients), torch with 2 threads (the machine's cores, the default), and at 100
-   replies with 1 (``server-threads = 1``); the time of each phase as the strategy
-   reports it.
+   (decoding and checking the replies, each reply's update to its tier with its size
+   and their sample-weighted mean, the per-direction normalisation, the step) with
+   10, 100 and 1000 simulated client replies spread round-robin over the 5 default
+   tiers (cnn-1 extractor), rounds 1 and 2, under each ``fedara.truncation``. Median
+   of 5 repetitions (3 for 1000 clients), torch with 2 threads (the machine's cores,
+   the default), and at 100 replies with 1 (``server-threads = 1``); the time of
+   each phase as the strategy reports it.
 2. Per tier: extractor parameters, upload bytes measured from a real ClientApp reply
    vs the analytic count Σ r·(m+n) (+ the unfactorised layers), one local epoch's time
    (Fashion-MNIST partition 0 of 20, Dirichlet 0.1, 2,625 samples, batch 10, 1 thread;
@@ -38,8 +39,9 @@ def server_time(
     """Two rounds of the server (the second is where ``fedara.truncation=tracked``
     iterates from the first round's basis instead of computing an SVD), with
     ``threads`` torch threads (``server-threads``; 2 = every core here, the default);
-    the phases of each round as the strategy times them (``server-phases-s``), and
-    what is left of aggregate_train: decoding and checking the replies."""
+    the phases of each round as the strategy times them (``server-phases-s``: the
+    ``updates`` pass runs while the replies are screened), and what is left of
+    aggregate_train: decoding and checking the replies."""
     import numpy as np
     import torch
     from flwr.app import ArrayRecord, ConfigRecord

@@ -29,6 +29,7 @@ from benchmarks.suites import OUT, REGIMES, ROOT, SUITES
 TIMINGS = (
     "overhead.json",
     "fedara-cost.json",
+    "server-step.json",
     "compute-cost.json",
     "scale.json",
     "privacy.json",
@@ -94,7 +95,8 @@ def fedara_cost_section() -> str:
         "",
         "`python -m benchmarks.fedara_cost`: server time per round (configure_train "
         "with the decompositions + aggregate_train with the default rule `coverage`: "
-        "reconstruction, weighted mean, served residuals, per-direction normalisation), "
+        "decoding and checking the replies, each reply's update to its tier at full rank "
+        "with its size and their weighted mean, per-direction normalisation, the step), "
         "replies spread round-robin over the 5 default tiers "
         "(CNN-1 extractor, fc1 and fc2 decomposed), median of 5 (3 at 1000 replies), "
         "2 cores, the server's torch threads as in the `threads` column (2: every core, "
@@ -120,8 +122,8 @@ def fedara_cost_section() -> str:
         )
     phased = [r for r in doc["server"] if "phases-s-round2" in r and r["clients"] == 100]
     if phased:
-        names = ["decompose", "decode-check", "diagnostics", "reconstruct", "residuals"]
-        names += ["normalise", "step"]
+        names = ["decompose", "decode-check"]
+        names += [n for n in phased[0]["phases-s-round2"] if n not in names]
         lines += [
             "",
             "Where the 100-reply round goes (seconds, medians over the repetitions, "
@@ -157,6 +159,30 @@ def fedara_cost_section() -> str:
             f"{t['peak-rss-mb']:.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def server_step_section() -> str:
+    from benchmarks.server_step import table
+
+    doc = load("server-step.json")
+    if not isinstance(doc, dict):
+        return ""
+    rows = doc["rows"]
+    return "\n".join(
+        [
+            "#### Server step per algorithm",
+            "",
+            f"`python -m benchmarks.server_step --nodes {rows[0]['nodes']}`: configure_train "
+            "+ aggregate_train of one round, every node sampled and replying with the "
+            "method's keys and shapes (see the module docstring), the median of rounds 1 to "
+            f"{len(rows[0]['cpu-s'])}, {doc['threads']} torch threads, measured "
+            f"{doc['measured']}. CPU: the ServerApp process's, every thread; per node-round: "
+            "over the replies.",
+            "",
+            table(rows),
+            "",
+        ]
+    )
 
 
 def profiles_section() -> str:
@@ -642,6 +668,7 @@ def main() -> None:
         "summary": summary_section(),
         "overhead": overhead_section(),
         "fedara-cost": fedara_cost_section(),
+        "server-step": server_step_section(),
         "deployment": deployment_section(),
         "scale": scale_section(),
         "privacy": privacy_section(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -62,13 +63,14 @@ def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     return tuple(shape), bool(fortran), dtype, len(header)
 
 
-def decode(key: str, arr: Array) -> np.ndarray:
-    """The numpy array an :class:`Array` carries (a writable copy), strictly.
+def decode(key: str, arr: Array, copy: bool = True) -> np.ndarray:
+    """The numpy array an :class:`Array` carries (a writable copy, or with ``copy``
+    False a read-only view of its bytes), strictly.
 
     The same result as ``Array.numpy()`` for every array ``Array.from_numpy_ndarray``
-    writes, in one copy of the data and with each distinct header parsed once
-    (``np.load`` reads in chunks and parses every header: that was half of FedARA's
-    aggregation time at 100 clients). Raises :class:`MalformedArray`, naming
+    writes, in one copy of the data (none without ``copy``) and with each distinct
+    header parsed once (``np.load`` reads in chunks and parses every header: that was
+    half of FedARA's aggregation time at 100 clients). Raises :class:`MalformedArray`, naming
     ``key``, when the payload is not numpy-serialised, its header is not a ``.npy``
     header, holds objects, disagrees with the Array's declared dtype or shape, or
     the data is not exactly ``numel × itemsize`` bytes; pickled data is never loaded.
@@ -95,13 +97,22 @@ def decode(key: str, arr: Array) -> np.ndarray:
         )
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     view = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    return view.copy(order="K")
+    return view.copy(order="K") if copy else view
 
 
-def to_numpy(record: ArrayRecord) -> Arrays:
+def to_numpy(record: ArrayRecord, copy: bool = True) -> Arrays:
     """Named numpy arrays from an :class:`ArrayRecord` (:func:`decode`: raises
     :class:`MalformedArray` naming the first malformed key)."""
-    return {key: decode(key, arr) for key, arr in record.items()}
+    return {key: decode(key, arr, copy) for key, arr in record.items()}
+
+
+def tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Named tensors sharing the memory of ``arrays``, which may be read-only views
+    (:func:`decode` without ``copy``): never write to them (torch warns that it
+    cannot mark them read-only; that warning is silenced here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return {key: torch.from_numpy(value) for key, value in arrays.items()}
 
 
 def to_torch(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -131,12 +142,14 @@ def invalid_reason(
     arrays: Mapping[str, np.ndarray],
     expected: Mapping[str, tuple[int, ...]] | None = None,
     dtype: np.dtype | type | None = np.float32,
+    finite: bool = True,
 ) -> str | None:
     """Why ``arrays`` must not be aggregated, or ``None`` when they are fine.
 
     Checks, in order: the exact key set and shapes (when ``expected`` is given), the
     dtype (exactly ``dtype``, the one the server sends; ``None``: any real number
-    type), and that every floating value is finite.
+    type), and that every floating value is finite (unless ``finite`` is False: for a
+    caller that sees it in what it computes from every value anyway).
     """
     if expected is not None:
         missing = sorted(set(expected) - set(arrays))
@@ -151,7 +164,7 @@ def invalid_reason(
             return f"dtype {value.dtype} for '{key}' (expected {np.dtype(dtype)})"
         if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
             return f"non-real dtype {value.dtype} for '{key}'"
-        if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+        if finite and np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
             return f"non-finite values in '{key}'"
     return None
 

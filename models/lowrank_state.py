@@ -13,8 +13,10 @@ Keys, order and shapes equal ``factorise(extractor, layers, ratio).state_dict()`
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -42,6 +44,7 @@ __all__ = [
     "lowrank_state_keys",
     "reconstruct_state",
     "served_residual",
+    "served_updates",
     "weighted_reconstruction",
 ]
 
@@ -217,6 +220,160 @@ def weighted_reconstruction(
         matrix = product if len(shape) == 2 else matrix_to_conv(product, *shape[:3])
         add(f"{layer}.weight", matrix, 1.0)
     return _in_order(acc, states[0], layers)
+
+
+Reply = tuple[Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, float]]
+"""``(state, served, scales)``: a reply's (factorised or full) extractor state, the
+state it was served (same keys and shapes) and layer -> the scale of its products."""
+
+
+def served_updates(
+    replies: Sequence[Reply],
+    weights: Sequence[float],
+    layers: Mapping[str, tuple[int, ...]],
+    workers: int = 1,
+) -> tuple[dict[str, Tensor], list[float]]:
+    """``Σ_k w_k Δ_k`` (weights normalised) and every ``‖Δ_k‖²_F``.
+
+    Δ_k is reply k's change to what it was served, back at full rank, in the keys of
+    the full-rank state: ``s (U'V'ᵀ − U Vᵀ)`` for a layer held as factors (``s``:
+    ``scales[layer]``, default 1), ``x' − x`` for every other tensor (a conv
+    factorisation's ``u_conv.bias`` is the layer's bias).
+
+    Per reply and factorised layer one float32 ``addmm`` forms ``U'V'ᵀ − U Vᵀ`` in a
+    work matrix (starting from −U Vᵀ, formed once per served state); its norm and
+    its addition, times ``w_k s``, to a running sum are two passes over that matrix.
+    So each reply's product serves both its size and the mean, and nothing of the
+    weight's size is allocated per reply. Each factorised layer is one task over the
+    replies grouped by the state they were served (in the order of its first reply),
+    so what is reread per reply stays in cache; the other tensors are two tasks (the
+    replies alternately). Differences and their running sums are float32 (float64
+    where a tensor is not float32): a sum of changes, each a small fraction of the
+    weights, rounds far below the float32 weights it is added to. The returned sums
+    are float64.
+
+    ``workers > 1``: the tasks run on that many threads, torch single-threaded
+    meanwhile (one product per core, the passes over one layer's matrices beside
+    another layer's product, and no thread of a parallel product waits for a
+    descheduled one). Each task's arithmetic is the same either way, so the result
+    equals that of ``workers = 1`` under one torch thread.
+    """
+    total = float(sum(weights))
+    if not replies or total <= 0:
+        raise ValueError("need at least one reply and a positive total weight")
+    first: dict[int, int] = {}
+    for k, (_, served, _) in enumerate(replies):
+        first.setdefault(id(served), k)
+    order = sorted(range(len(replies)), key=lambda k: first[id(replies[k][1])])
+    shares = [float(w) / total for w in weights]
+    tasks = [
+        functools.partial(_product_changes, replies, shares, order, layer, shape)
+        for layer, shape in layers.items()
+    ]
+    tasks += [  # in two tasks, each taking the first core free
+        functools.partial(_other_changes, replies, shares, order[start::2], layers)
+        for start in (0, 1)
+    ]
+    squares = [0.0] * len(replies)
+    sums: dict[str, Tensor] = {}
+    for changes, task_squares in _run(tasks, workers):
+        for k, square in task_squares.items():
+            squares[k] += square
+        for key, value in changes.items():
+            sums[key] = sums[key].add_(value) if key in sums else value
+    out = {key: value.double() for key, value in sums.items()}
+    return _in_order(out, replies[0][0], layers), squares
+
+
+Changes = tuple[dict[str, Tensor], dict[int, float]]
+"""Summed changes by full-rank key, and squared norms by reply index."""
+
+
+def _run(tasks: Sequence[Callable[[], Changes]], workers: int) -> list[Changes]:
+    """Each task's result, in order: on ``workers`` threads with torch single-threaded."""
+    if workers <= 1:
+        return [task() for task in tasks]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda task: task(), tasks))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _product_changes(
+    replies: Sequence[Reply],
+    shares: Sequence[float],
+    order: Sequence[int],
+    layer: str,
+    shape: tuple[int, ...],
+) -> Changes:
+    """``Σ_k w_k s_k (U'_k V'_kᵀ − U_k V_kᵀ)`` of one layer over the replies that hold
+    it as factors (float32, the weight's shape), and each change's squared norm."""
+    key = lowrank_state_keys(layer, shape)[0]
+    held = [k for k in order if key in replies[k][0]]
+    if not held:
+        return {}, {}
+    work = torch.empty(_matrix_dims(shape), dtype=torch.float32)
+    total = torch.zeros(_matrix_dims(shape), dtype=torch.float32)
+    negative, current, squares = work, -1, {}
+    for k in held:
+        state, served, scales = replies[k]
+        if id(served) != current:
+            su, sv = factors_from_state(served, layer, shape)
+            negative, current = -(su.float() @ sv.float().T), id(served)
+        u, v = factors_from_state(state, layer, shape)
+        change = torch.addmm(negative, u.float(), v.float().T, out=work)
+        scale = scales.get(layer, 1.0)
+        squares[k] = scale**2 * float(torch.linalg.vector_norm(change)) ** 2
+        total.add_(change, alpha=shares[k] * scale)
+    matrix = total if len(shape) == 2 else matrix_to_conv(total, *shape[:3])
+    return {f"{layer}.weight": matrix}, squares
+
+
+def _other_changes(
+    replies: Sequence[Reply],
+    shares: Sequence[float],
+    order: Sequence[int],
+    layers: Mapping[str, tuple[int, ...]],
+) -> Changes:
+    """``Σ_k w_k (x'_k − x_k)`` of every tensor that is not a factor, by full-rank key,
+    and each reply's squared norm of those changes (over the replies ``order`` names)."""
+    sums: dict[str, Tensor] = {}
+    work: dict[str, Tensor] = {}
+    squares = {}
+    targets: dict[tuple[str, ...], dict[str, str]] = {}
+    for k in order:
+        state, served, _ = replies[k]
+        names = tuple(state)
+        if names not in targets:
+            targets[names] = _full_rank_keys(names, layers)
+        squares[k] = 0.0
+        for key, target in targets[names].items():
+            change = _difference(state[key], served[key], work, key)
+            squares[k] += float(torch.linalg.vector_norm(change)) ** 2
+            if target not in sums:
+                sums[target] = torch.zeros_like(change)
+            sums[target].add_(change, alpha=shares[k])
+    return sums, squares
+
+
+def _full_rank_keys(names: Sequence[str], layers: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """State key -> full-rank key of every key of a state that is not a factor."""
+    held = [n for n, sh in layers.items() if lowrank_state_keys(n, sh)[0] in names]
+    factors = {key for n in held for key in lowrank_state_keys(n, layers[n])}
+    biases = dict(_bias_keys(n, layers[n]) for n in held)
+    return {key: biases.get(key, key) for key in names if key not in factors}
+
+
+def _difference(a: Tensor, b: Tensor, work: dict[str, Tensor], key: str) -> Tensor:
+    """``a − b``: in ``work[key]`` (float32, reused) when both are float32."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        return a.double() - b.double()
+    if key not in work or work[key].shape != a.shape:
+        work[key] = torch.empty_like(a)
+    return torch.sub(a, b, out=work[key])
 
 
 def _in_order(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from logging import WARNING
 from typing import Any, Literal, Self, Unpack
 
@@ -14,7 +15,7 @@ from flwr.common.logger import log
 
 from common.config import RunConfig
 from common.messages import EXTRACTOR
-from common.records import Arrays, shapes
+from common.records import Arrays, capped_shares, invalid_reason, shapes, tensors
 from models.lowrank import (
     Svd,
     _matrix_dims,
@@ -30,6 +31,7 @@ from models.lowrank_state import (
     coverage_normalised,
     decompose_state,
     served_residual,
+    served_updates,
     weighted_reconstruction,
 )
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
@@ -48,6 +50,25 @@ def relative_change(new: Arrays, old: Arrays, key: str) -> float:
 Tier = tuple[float, tuple[str, ...]]
 
 
+@dataclass
+class RoundUpdates:
+    """:func:`~models.lowrank_state.served_updates` of a round's uploads."""
+
+    sizes: dict[int, tuple[Arrays, float]]
+    """Node id -> (the upload's arrays, ‖its update‖)."""
+    weights: list[float]
+    """The weights of the mean, in upload order."""
+    mean: dict[str, torch.Tensor]
+    """Σ_k w_k Δ_k in the full-rank keys (float64)."""
+    seconds: float
+
+    def covers(self, uploads: list[Upload]) -> bool:
+        """Computed from exactly these uploads, with their weights."""
+        return [u.weight for u in uploads] == self.weights and all(
+            self.sizes.get(u.node.node_id, (None,))[0] is u.arrays for u in uploads
+        )
+
+
 class FedARA(HeteroStrategy):
     """FedARA: one full-rank global extractor, served to each node at its rank.
 
@@ -59,9 +80,9 @@ class FedARA(HeteroStrategy):
     shapes. Server (``fedara.aggregation``): ``reconstruct`` — reconstruct each reply
     to full rank, sample-weighted mean ``Σ_k w_k U'_k V'_kᵀ``; ``delta`` — the global
     plus the sample-weighted mean of each reply's change to what its tier was served,
-    ``W + Σ_k w_k (U'_k V'_kᵀ − U_k V_kᵀ)`` (equal to ``reconstruct`` plus
-    ``Σ_t w_t (W − U_t V_tᵀ)``, one product per tier; full layers and biases: the
-    plain weighted mean in both rules).
+    ``W + Σ_k w_k (U'_k V'_kᵀ − U_k V_kᵀ)``, one product per reply and layer, which
+    also gives the reply's size for screening (full layers and biases: the plain
+    weighted mean in both rules).
     Decomposition (``fedara.truncation``: the truncated SVD, or the projection onto
     directions tracked from the previous state's basis; balanced split) runs once per
     distinct tier per global state and is shared by every node of the tier. Nodes report their tier
@@ -103,12 +124,11 @@ class FedARA(HeteroStrategy):
         self.truncation = truncation
         """``svd``: truncated SVD per state; ``tracked``: subspace tracked across states."""
         self.server_lr = server_lr
+        """η in ``W ← W + η Δ`` (1: the rule as is)."""
         self.server_step = server_step
         self._replies = 0
-        """η in ``W ← W + η (W_rule − W)`` (1: the rule as is)."""
+        """Replies aggregated this round (they bound η, see :meth:`step_size`)."""
         self._served: dict[Tier, Arrays] = {}
-        self._served_full: dict[Tier, dict[str, torch.Tensor]] = {}
-        """Per tier: what it was served, back at full rank on the global's scale."""
         self._gains: dict[Tier, dict[str, float]] = {}
         """Tier -> layer -> g: the tier was served ``g · W_r`` (``fedara.served-scale``)."""
         self._svds: dict[str, Svd] = {}
@@ -132,6 +152,9 @@ class FedARA(HeteroStrategy):
         """Layer -> the core C of this global state's tracked basis (tracked only)."""
         self._decompose_s = 0.0
         """Seconds spent decomposing this global state (reported with its aggregation)."""
+        self._updates: RoundUpdates | None = None
+        """This round's uploads' updates, formed while screening them and reused by
+        the rule when the same uploads are aggregated with the same weights."""
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> Self:
@@ -252,7 +275,7 @@ class FedARA(HeteroStrategy):
     def _extractor(self, arrays: Arrays | None = None) -> dict[str, torch.Tensor]:
         """``arrays`` (default: the global state) as an extractor state dict."""
         source = self.global_arrays if arrays is None else arrays
-        return {k.removeprefix(EXTRACTOR): torch.from_numpy(v) for k, v in source.items()}
+        return {k.removeprefix(EXTRACTOR): v for k, v in tensors(source).items()}
 
     def served(self, tier: Tier) -> Arrays:
         """The global extractor decomposed for ``tier`` (cached per global state)."""
@@ -330,17 +353,49 @@ class FedARA(HeteroStrategy):
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return shapes(self.served(self.tier(node)))
 
+    def check_upload(self, node: NodeInfo, arrays: Arrays) -> str | None:
+        """Keys, shapes and dtype. Whether every value is finite shows in the upload's
+        size, which screening forms from every value (:meth:`_screen`): the server
+        reads a reply's values once."""
+        return invalid_reason(arrays, self.expected_upload(node), finite=False)
+
     def upload_size(self, upload: Upload) -> float | None:
-        """‖reconstructed reply − reconstructed served tier‖: each factor product back
-        at full rank and divided by the gain its tier was served with, as the rule
+        """‖Δ‖, the upload's change to what its tier was served at full rank: each
+        factor product divided by the gain its tier was served with, as the rule
         aggregates it, minus the same of what the node was sent."""
-        update = self._reconstructed_update(upload)
-        return math.sqrt(sum(float(v.square().sum()) for v in update.values()))
+        done = self._updates
+        known = done.sizes.get(upload.node.node_id) if done is not None else None
+        if known is not None and known[0] is upload.arrays:
+            return known[1]
+        return self.updates([upload], [1.0]).sizes[upload.node.node_id][1]
 
     def upload_update(self, upload: Upload) -> np.ndarray | None:
-        """The reconstructed update (see :meth:`upload_size`), flattened in key order."""
-        update = self._reconstructed_update(upload)
+        """The update of :meth:`upload_size`, flattened in key order."""
+        update = self.updates([upload], [1.0]).mean
         return np.concatenate([update[k].numpy().ravel() for k in sorted(update)])
+
+    def updates(self, uploads: list[Upload], weights: list[float]) -> RoundUpdates:
+        """Each upload's update Δ_k (see :meth:`upload_size`), its size and the
+        weighted mean Σ_k w_k Δ_k (:func:`~models.lowrank_state.served_updates`)."""
+        start = time.perf_counter()
+        served: dict[Tier, dict[str, torch.Tensor]] = {}
+        replies = []
+        for u in uploads:
+            tier = self.tier(u.node)
+            if tier not in served:
+                served[tier] = self._extractor(self.served(tier))
+            replies.append((self._extractor(u.arrays), served[tier], self._scales(tier)))
+        mean, squares = served_updates(
+            replies, weights, self.layer_shapes, workers=torch.get_num_threads()
+        )
+        sizes = {
+            u.node.node_id: (u.arrays, math.sqrt(q)) for u, q in zip(uploads, squares, strict=True)
+        }
+        return RoundUpdates(sizes, list(weights), mean, time.perf_counter() - start)
+
+    def _scales(self, tier: Tier) -> dict[str, float]:
+        """Layer -> 1 / the gain ``tier`` was served with."""
+        return {name: 1 / g for name, g in self.gains(tier).items()}
 
     def _screen(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
         """The shared screening, then, with ``robust.min-cosine`` on, the same
@@ -351,6 +406,10 @@ class FedARA(HeteroStrategy):
         nearly orthogonal to a full-rank update of either sign (measured:
         docs/robustness.md); on the tensors every reply carries the replies are
         comparable."""
+        if uploads:  # sizes and mean in one pass, weighted as if every upload is kept
+            shares = capped_shares([u.num_examples for u in uploads], self.max_weight_share)
+            self._updates = self.updates(uploads, shares)
+            uploads = self._finite(server_round, uploads)
         kept = super()._screen(server_round, uploads)
         if self.min_cosine <= -1 or len(kept) < 3:
             return kept
@@ -382,18 +441,31 @@ class FedARA(HeteroStrategy):
             self.rejected.append((server_round, nid, reason))
         return [u for u in kept if u.node.node_id not in outliers]
 
-    def _reconstructed_update(self, upload: Upload) -> dict[str, torch.Tensor]:
-        tier = self.tier(upload.node)
-        if tier not in self._served_full:
-            self._served_full[tier] = self._full(self._extractor(self.served(tier)), tier)
-        served = self._served_full[tier]
-        mine = self._full(self._extractor(upload.arrays), tier)
-        return {k: mine[k] - served[k] for k in mine}
-
     def _full(self, state: dict[str, torch.Tensor], tier: Tier) -> dict[str, torch.Tensor]:
         """One state at full rank on the global's scale (float64)."""
-        scale = {name: 1 / g for name, g in self.gains(tier).items()}
-        return weighted_reconstruction([state], [1.0], self.layer_shapes, product_scales=[scale])
+        return weighted_reconstruction(
+            [state], [1.0], self.layer_shapes, product_scales=[self._scales(tier)]
+        )
+
+    def _finite(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
+        """The uploads whose size is finite; the others are logged and rejected (a
+        value that is not finite makes the size so, as does an update too large for
+        float32)."""
+        kept = []
+        for u in uploads:
+            if math.isfinite(self.upload_size(u) or 0.0):
+                kept.append(u)
+                continue
+            reason = "non-finite update (a value not finite, or beyond float32 at full rank)"
+            log(
+                WARNING,
+                "round %d: dropped reply of %s: %s",
+                server_round,
+                self.describe(u.node.node_id),
+                reason,
+            )
+            self.rejected.append((server_round, u.node.node_id, reason))
+        return kept
 
     def _reconstruct(
         self, uploads: list[Upload], states: list[dict[str, torch.Tensor]]
@@ -402,9 +474,7 @@ class FedARA(HeteroStrategy):
         products (streamed), or ``robust.aggregate``'s coordinate-wise rule over each
         reply's own reconstruction."""
         weights = [u.weight for u in uploads]
-        scales = [
-            {name: 1 / g for name, g in self.gains(self.tier(u.node)).items()} for u in uploads
-        ]
+        scales = [self._scales(self.tier(u.node)) for u in uploads]
         if self.robust_aggregate == "mean":
             return weighted_reconstruction(
                 states, weights, self.layer_shapes, product_scales=scales
@@ -418,50 +488,56 @@ class FedARA(HeteroStrategy):
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in rule.items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        """The rule: every reply back to full rank on the global's scale, the
-        sample-weighted mean (``reconstruct``), plus the served residuals (``delta``),
-        each direction averaged over the replies that cover it (``coverage``), then
-        the server step ``W + η (W_rule − W)``."""
+        """The rule as an update Δ to the global: under ``delta`` and ``coverage``
+        (with ``robust.aggregate = mean``) the weighted mean of the replies' updates,
+        as screening formed it (:meth:`updates`); otherwise every reply back to full
+        rank on the global's scale, the rule's mean (``reconstruct``) plus the served
+        residuals (``delta``, ``coverage``), minus the global. Then each direction
+        averaged over the replies that cover it (``coverage``), and the server step
+        ``W + η Δ``."""
         states = [self._extractor(u.arrays) for u in uploads]
         weights = [u.weight for u in uploads]
         self._replies = len(uploads)
-        phases = Phases(decompose=self._decompose_s)  # every tier of this state
+        done, self._updates = self._updates, None
+        phases = Phases(decompose=self._decompose_s, updates=done.seconds if done else 0.0)
         with phases("diagnostics"):
             self.diagnostics = self.round_diagnostics(states, weights)
-        with phases("reconstruct"):
-            # each reply's factor product back on the global's scale: divided by its gain
-            mean = self._reconstruct(uploads, states)
-        if self.aggregation in ("delta", "coverage"):
-            with phases("residuals"):
-                self._add_served_residuals(mean, uploads)
+        if self.aggregation != "reconstruct" and self.robust_aggregate == "mean":
+            with phases("updates"):
+                if done is None or not done.covers(uploads):  # a reply was screened out
+                    done = self.updates(uploads, weights)
+                update = done.mean
+        else:
+            with phases("reconstruct"):
+                # each reply's factor product back on the global's scale: divided by its gain
+                mean = self._reconstruct(uploads, states)
+            if self.aggregation in ("delta", "coverage"):
+                with phases("residuals"):
+                    self._add_served_residuals(mean, uploads)
+            full = self._extractor()
+            update = {key: value - full[key].double() for key, value in mean.items()}
         if self.aggregation == "coverage":
             with phases("normalise"):
-                self._normalise_by_coverage(mean, uploads)
+                self._normalise_by_coverage(update, uploads)
         with phases("step"):
-            new = self._step(mean)
+            new = self._step(update)
         self.diagnostics["server-phases-s"] = phases.seconds
         return new
 
-    def _step(self, rule: dict[str, torch.Tensor]) -> Arrays:
-        """``W + η (W_rule − W)`` as the new global state (η: :meth:`step_size`); its
-        tiers are decomposed again on demand (the tracked bases move on to this
-        state's)."""
+    def _step(self, update: dict[str, torch.Tensor]) -> Arrays:
+        """``W + η Δ`` as the new global state (η: :meth:`step_size`); its tiers are
+        decomposed again on demand (the tracked bases move on to this state's)."""
         full = self._extractor()
         eta = self.step_size(self.diagnostics.get("update-coherence"), self._replies)
         self.diagnostics["server-lr"] = eta
-        if eta != 1.0:
-            for key, value in rule.items():
-                before = full[key].double()
-                rule[key] = before + eta * (value.double() - before)
         self._served, self._svds, self._gains, self._cores = {}, {}, {}, {}
-        self._served_full = {}
         self._decompose_s = 0.0
         self._tracked.update(self._current)
         self._current = {}
         self.version += 1
         new = {
-            key: rule[key.removeprefix(EXTRACTOR)].numpy().astype(np.float32)
-            for key in self.global_arrays
+            key: (full[name].double() + eta * update[name]).numpy().astype(np.float32)
+            for key, name in ((k, k.removeprefix(EXTRACTOR)) for k in self.global_arrays)
         }
         self.diagnostics["update-norm"] = {
             layer: relative_change(new, self.global_arrays, f"{EXTRACTOR}{layer}.weight")
@@ -522,11 +598,12 @@ class FedARA(HeteroStrategy):
         self.served(tier)
         return self._gains.get(tier, {})
 
-    def _normalise_by_coverage(self, mean: dict[str, torch.Tensor], uploads: list[Upload]) -> None:
-        """``W + Δ`` -> ``W + Δ'``: each direction of the global's singular basis gets
-        the mean update of the replies whose rank covers it (see
+    def _normalise_by_coverage(
+        self, update: dict[str, torch.Tensor], uploads: list[Upload]
+    ) -> None:
+        """``Δ`` -> ``Δ'``: each direction of the global's singular basis gets the
+        mean update of the replies whose rank covers it (see
         :func:`coverage_normalised`)."""
-        full = self._extractor()
         for name, shape in self.layer_shapes.items():
             svd = self._svds.get(name)
             if svd is None:
@@ -542,9 +619,7 @@ class FedARA(HeteroStrategy):
                 else:
                     cover[: layer_rank(shape, ratio)] += w
             key = f"{name}.weight"
-            before = full[key].double()
-            step = coverage_normalised(mean[key] - before, svd, cover, tail, torch.float32)
-            mean[key] = before + step
+            update[key] = coverage_normalised(update[key], svd, cover, tail, torch.float32)
 
     def _add_served_residuals(self, mean: dict[str, torch.Tensor], uploads: list[Upload]) -> None:
         """``mean += Σ_t w_t (W − U_t V_tᵀ)`` over the truncated tiers that replied

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Self, Unpack
 
 import numpy as np
-import torch
 
 from common.config import RunConfig
 from common.messages import FACTOR_US as US
 from common.messages import FACTOR_VT as VT
 from common.messages import MENTEE
-from common.records import Arrays, invalid_reason, shapes
+from common.records import Arrays, invalid_reason, shapes, tensors
 from models.mutual import decompress
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.fml import float_state, shared_arch
@@ -121,5 +120,6 @@ def update_of(arrays: Arrays, key: str, shape: tuple[int, ...]) -> np.ndarray:
     """One key's update from an upload, reconstructed (float64)."""
     if key in arrays:
         return arrays[key].astype(np.float64)
-    us, vt = torch.from_numpy(arrays[key + US]), torch.from_numpy(arrays[key + VT])
+    factors = tensors({US: arrays[key + US], VT: arrays[key + VT]})
+    us, vt = factors[US], factors[VT]
     return decompress(us, vt, shape).numpy()

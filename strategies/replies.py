@@ -123,6 +123,9 @@ def train_upload(reply: Message, node: NodeInfo | None) -> tuple[Upload | None, 
     """A training reply as an :class:`Upload`, or why it cannot be one.
 
     Array keys, shapes and values are checked by the strategy (``check_upload``).
+    The arrays are read-only views of the reply's bytes (a strategy reads an upload,
+    never writes it): decoding copies nothing, and a round of 1,000 FedARA replies
+    (3.6 GB) does not allocate them twice.
     """
     if reply.has_error():
         return None, f"error reply: {reply.error.reason}"
@@ -142,7 +145,7 @@ def train_upload(reply: Message, node: NodeInfo | None) -> tuple[Upload | None, 
     if node.num_train > 0 and num != node.num_train:
         return None, f"num-examples {num:g} != the node's reported num-train {node.num_train}"
     try:
-        arrays = to_numpy(content.array_records["arrays"])
+        arrays = to_numpy(content.array_records["arrays"], copy=False)
     except MalformedArray as exc:
         return None, str(exc)
     return Upload(node=node, arrays=arrays, num_examples=int(num), metrics=metrics), None

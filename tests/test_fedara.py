@@ -307,13 +307,19 @@ def test_update_coherence_bounds() -> None:
     assert update_coherence(old, [{"x": torch.zeros(1)}], [1.0]) is None  # nothing in full
 
 
-@pytest.mark.parametrize("poison", ["nan", "wrong-tier-shape"])
+@pytest.mark.parametrize("poison", ["nan", "inf", "inf-bias", "wrong-tier-shape"])
 def test_poisoned_reply_is_ignored(poison: str) -> None:
+    """A reply with a value that is not finite (in a factor, or in a tensor sent
+    whole) or in another tier's shapes is rejected; the others make the round."""
     s = fedara([0.5, 0.25])
     good = {k: v.copy() for k, v in s.payload(1, s.nodes[100]).items()}
     bad = {k: v.copy() for k, v in s.payload(1, s.nodes[101]).items()}
     if poison == "nan":
         bad["extractor.fc1.u"][0, 0] = np.nan
+    elif poison == "inf":
+        bad["extractor.fc2.v"][3, 1] = -np.inf
+    elif poison == "inf-bias":
+        bad["extractor.conv1.bias"][0] = np.inf
     else:  # node 101 answers with the factors of another tier
         bad = good
     ref = fedara([0.5, 0.25])
@@ -584,7 +590,7 @@ def test_tracked_truncation_keeps_delta_a_fixed_point_and_resumes() -> None:
         end = time.perf_counter()
         # where the server's time went: every phase timed, each within its wall time
         phases = dict(s.diagnostics["server-phases-s"])
-        want = {"decompose", "diagnostics", "reconstruct", "residuals", "normalise", "step"}
+        want = {"decompose", "updates", "diagnostics", "normalise", "step"}
         assert set(phases) == want
         assert min(phases.values()) >= 0
         assert 0 < phases.pop("decompose") <= start - since
@@ -676,6 +682,35 @@ def test_fedara_screens_a_huge_reconstructed_update() -> None:
     assert [n for _, n, _ in s.rejected] == [101]
     assert "robust.max-norm-ratio" in s.rejected[0][2]
     assert set(s.size_ratios) == {"0", "1", "2", "3"} and s.size_ratios["1"] > 1e4
+
+
+def test_a_screened_out_reply_is_not_in_the_mean() -> None:
+    """Screening forms every reply's update and their mean at once; when it drops a
+    reply, the rule averages the others afresh: the new global is exactly the one of
+    a round where the dropped node never replied."""
+    ratios = [0.5, 0.25, 1.0, 0.5]
+    rng = np.random.default_rng(1)
+    uploads = []
+    s = fedara(ratios, **{"robust.max-norm-ratio": 5.0})
+    for nid in sorted(s.nodes):
+        sent = s.payload(1, s.nodes[nid])
+        uploads.append(
+            {k: (v + 0.01 * rng.normal(size=v.shape)).astype(np.float32) for k, v in sent.items()}
+        )
+    uploads[1] = {k: v * 1e6 for k, v in uploads[1].items()}
+    sized(s, {nid: 50 + nid for nid in s.nodes})
+    got, _ = s.aggregate_train(
+        1, [reply(nid, u, 50 + nid) for nid, u in zip(sorted(s.nodes), uploads, strict=True)]
+    )
+    assert [n for _, n, _ in s.rejected] == [101]
+    honest = fedara(ratios, **{"robust.max-norm-ratio": 5.0})
+    sized(honest, {nid: 50 + nid for nid in honest.nodes})
+    want, _ = honest.aggregate_train(
+        1, [reply(nid, uploads[nid - 100], 50 + nid) for nid in (100, 102, 103)]
+    )
+    assert got is not None and want is not None
+    for key in want:
+        np.testing.assert_array_equal(got[key].numpy(), want[key].numpy())
 
 
 @pytest.mark.slow  # four in-process runs: about a minute

@@ -32,6 +32,7 @@ from models.lowrank_state import (
     factors_to_state,
     lowrank_state_keys,
     reconstruct_state,
+    served_updates,
     weighted_reconstruction,
 )
 
@@ -440,6 +441,51 @@ def test_weighted_reconstruction_is_the_weighted_mean_of_reconstructions(first_f
         torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-6)  # float32 products
     for st, kept in zip(states, before, strict=True):
         assert all(torch.equal(st[k], kept[k]) for k in st)
+
+
+def test_served_updates_are_the_replies_changes_at_full_rank() -> None:
+    """Mixed tiers of a conv + linear extractor, each reply against the state its tier
+    was served (one float64, one returning what it was served), products scaled per
+    layer: the weighted sum of the changes of the full-rank reconstructions and each
+    change's squared norm, both computed here from :func:`reconstruct_state` in
+    float64, in the full extractor's key order; on two threads exactly the same."""
+    extractor = _extractor("fedavgcnn")
+    layers = factorisable_layers(extractor)
+    full = extractor.state_dict()
+    gen = torch.Generator().manual_seed(5)
+    replies, weights = [], [3.0, 1.0, 5.0, 2.0, 4.0]
+    for i, ratio in enumerate((0.5, 1.0, 0.125, 0.5, 0.25)):
+        served = decompose_state(full, layers, ratio)
+        scales = {name: 0.5 + i / 10 for name in layers} if ratio < 1 else {}
+        state = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in served.items()}
+        if i == 3:
+            state = dict(served)
+        if i == 4:
+            state = {k: v.double() for k, v in state.items()}  # any float dtype
+        replies.append((state, served, scales))
+    got, squares = served_updates(replies, weights, layers)
+    want: dict[str, Tensor] = {}
+    for (state, served, scales), w, square in zip(replies, weights, squares, strict=True):
+        mine, sent = reconstruct_state(state, layers), reconstruct_state(served, layers)
+        change = {k: mine[k].double() - sent[k].double() for k in mine}
+        for layer in layers:
+            if lowrank_state_keys(layer, layers[layer])[0] in state:
+                change[f"{layer}.weight"] *= scales[layer]
+        assert square == pytest.approx(
+            sum(float(v.square().sum()) for v in change.values()), rel=1e-4
+        )
+        for k, v in change.items():
+            want[k] = want.get(k, 0) + v * w / sum(weights)
+    assert squares[3] < 1e-9 * squares[0]  # what it was served: nothing changed
+    assert list(got) == list(full)
+    for key, value in got.items():
+        assert value.dtype == torch.float64
+        torch.testing.assert_close(value, want[key], rtol=1e-4, atol=1e-7)  # float32 products
+    # layers formed on two threads: the same arithmetic, the same numbers
+    threads = torch.get_num_threads()
+    again, squares_again = served_updates(replies, weights, layers, workers=2)
+    assert torch.get_num_threads() == threads and squares_again == squares
+    assert all(torch.equal(again[k], got[k]) for k in got)
 
 
 def _spectrum(rows: int, cols: int, values: torch.Tensor, seed: int) -> torch.Tensor:
