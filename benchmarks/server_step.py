@@ -16,7 +16,8 @@ in memory; the server decodes each reply, as it always does.
 Timed: CPU seconds of the process (``time.process_time``, every thread) and wall
 seconds of configure_train + aggregate_train (making the replies is not timed),
 rounds 1 to 3 of one strategy, the median round; per node-round: that over N.
-Torch threads as ``--threads`` (2: every core here; the server's default).
+Torch threads as ``--threads`` (2: every core here; the server's default). At N = 1000
+it takes about 8 minutes here, 6 of them FedTGP's server training.
 
     python -m benchmarks.server_step [--nodes 1000] [--methods fedavg,fedara]
         [--out benchmarks/out/server-step.json]
@@ -34,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.fedara_cost import TIERS
+
 ROOT = Path(__file__).resolve().parent.parent
 
-TIERS = (1.0, 0.5, 0.25, 0.125, 0.0625)
-"""FedARA's default rank tiers, one per node, round-robin."""
 POOL = 4
 """Distinct fake uploads per distinct payload."""
 NOISE = 1e-3
@@ -49,12 +50,13 @@ def make_nodes(name: str, n: int) -> list[Any]:
     from strategies.testing import node
 
     arch = "fedavgcnn" if name == "fedavg" else "cnn-1"
-    extras: list[dict[str, Any]] = [{"small-stem": 1} for _ in range(n)]
-    if name == "fedara":
-        extras = [
-            {**e, "rank-ratio": TIERS[i % 5], "layers": "fc1,fc2"} for i, e in enumerate(extras)
-        ]
-    return [node(100 + i, i, arch=arch, num_train=100 + i, **extras[i]) for i in range(n)]
+    tiers: list[dict[str, Any]] = [
+        {"rank-ratio": TIERS[i % 5], "layers": "fc1,fc2"} for i in range(n)
+    ]
+    return [
+        node(100 + i, i, arch=arch, num_train=100 + i, **(tiers[i] if name == "fedara" else {}))
+        for i in range(n)
+    ]
 
 
 def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
