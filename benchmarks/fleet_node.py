@@ -161,11 +161,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.fleet_http_connection import http_request_response
     from flwr.supernode.nodestate import NodeStateFactory
 
-    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch, patient_heartbeats
-    from common import flower_gate
-
-    if flower_gate.use("heartbeat-patience"):
-        patient_heartbeats()
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
     from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)
@@ -275,9 +271,12 @@ def main() -> None:
     parser.add_argument("--ramp-s", type=float, default=0.01, help="between two node starts")
     args = parser.parse_args()
 
+    from cli.supernode import patient_heartbeats
     from common import flower_gate
     from common.flower_runtime import concurrent_objects, object_concurrency
 
+    if flower_gate.use("heartbeat-patience"):  # once for every node of this process
+        patient_heartbeats()
     count = object_concurrency()
     if flower_gate.use("node-objects") and count is not None:
         concurrent_objects(

@@ -215,6 +215,7 @@ def _client_data(
     import torch
 
     x_train, x_test = to_tensor(train[0], *stats), to_tensor(test[0], *stats)
+    side = target = resized_from = 0  # feature vectors: no image side
     if x_train.ndim == 2:
         if image_size:
             raise ConfigError(
@@ -225,23 +226,13 @@ def _client_data(
             raise ConfigError(
                 f"test samples have {x_test.shape[1]} features, training samples {x_train.shape[1]}"
             )
-        return ClientData(
-            x_train=x_train,
-            y_train=torch.from_numpy(train[1]),
-            x_test=x_test,
-            y_test=torch.from_numpy(test[1]),
-            num_classes=num_classes,
-            in_channels=int(x_train.shape[1]),
-            image_size=0,
-            train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
-            mean=tuple(stats[0]),
-            std=tuple(stats[1]),
-        )
-    side = int(x_train.shape[2])
-    target = target_side(side, image_size)
-    if target != side:
-        _say_resized(side, target)
-        x_train, x_test = resize(x_train, target), resize(x_test, target)
+    else:
+        side = int(x_train.shape[2])
+        target = target_side(side, image_size)
+        if target != side:
+            _say_resized(side, target)
+            x_train, x_test = resize(x_train, target), resize(x_test, target)
+            resized_from = side
     return ClientData(
         x_train=x_train,
         y_train=torch.from_numpy(train[1]),
@@ -251,7 +242,7 @@ def _client_data(
         in_channels=int(x_train.shape[1]),
         image_size=target,
         train_class_counts=np.bincount(train[1], minlength=num_classes).astype(np.int64),
-        resized_from=side if target != side else 0,
+        resized_from=resized_from,
         mean=tuple(stats[0]),
         std=tuple(stats[1]),
     )
