@@ -161,7 +161,9 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.fleet_http_connection import http_request_response
     from flwr.supernode.nodestate import NodeStateFactory
 
-    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
+    from cli.pacing import LOAD
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch, switch
+    from common import flower_gate
     from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)
@@ -169,12 +171,14 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     node_config = {"partition-id": index, "num-partitions": args.num_partitions}
     factory = NodeStateFactory(ObjectStoreFactory())
     state, store = factory.state(), factory.objectstore_factory.store()
-    paced = PacedSleep(time, 0.05)
+    aware = switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle")
+    paced = PacedSleep(time, 0.05, load=LOAD if aware else None)
     watch = RunWatch(
         loop._pull_and_store_message,
         loop._push_messages,
         sleep=paced.sleep,
         on_message=paced.arrived,
+        on_receive_s=LOAD.note if aware else None,
         confirm_along=True,
         inbox=Inbox("legacy"),
     )
@@ -271,12 +275,14 @@ def main() -> None:
     parser.add_argument("--ramp-s", type=float, default=0.01, help="between two node starts")
     args = parser.parse_args()
 
-    from cli.supernode import patient_heartbeats
+    from cli.supernode import load_aware_heartbeats, patient_heartbeats, switch
     from common import flower_gate
     from common.flower_runtime import concurrent_objects, object_concurrency
 
     if flower_gate.use("heartbeat-patience"):  # once for every node of this process
         patient_heartbeats()
+    if switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle"):
+        load_aware_heartbeats()  # one view of the SuperLink's load for the process's nodes
     count = object_concurrency()
     if flower_gate.use("node-objects") and count is not None:
         concurrent_objects(

@@ -7,16 +7,24 @@ A node learns when its next message is due from its own history: the gap between
 its reply and its next message, by the kind of message it replied to (a training
 reply waits for the round's slowest trainer and the server's step; an evaluation
 reply for the slowest evaluator and the next round's set-up). Until
-:data:`LEAD` x the expected gap it polls ever closer to that time (each wait half
-the time left), then every :data:`DUE_SHARE` x the gap, backing off by
-:data:`IDLE_GROWTH` while the message does not come; with no history, it backs
-off from its reply on. Idle, a pull comes at most every :data:`IDLE_POLL_S`
+:data:`LEAD` x the expected gap it polls ever closer to that time (each wait
+:data:`PRE_DUE_SHARE` of the time left), then every :data:`DUE_SHARE` x the gap,
+backing off by :data:`IDLE_GROWTH` while the message does not come; with no history,
+it backs off from its reply on. Idle, a pull comes at most every :data:`IDLE_POLL_S`
 (``FEDHET_IDLE_POLL_S``).
+
+A busy SuperLink slows every one of these waits (:class:`ServerLoad`): a node whose
+pulls come back late (the SuperLink's one process saturated by a large fleet) polls,
+and sends its heartbeats, up to :data:`MAX_SLOWDOWN` times less often, so that the
+fleet's idle traffic stays below what the SuperLink answers.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import threading
+from collections import deque
 
 IDLE_GROWTH = 0.1
 """While a message is due but has not come, each poll comes ``IDLE_GROWTH`` x the
@@ -24,6 +32,9 @@ time since it became due after the previous one (plus the base poll): 0.05 s at
 first, 0.15 s after 1 s, 1 s after about 10 s, the idle cap (10 s) after 100 s."""
 FAST_GROWTH = 0.05
 """The growth of ``FEDHET_NODE_POLL=fast`` (from every reply, up to Flower's 3 s)."""
+PRE_DUE_SHARE = 0.75
+"""Before its next message is due, a node waits this share of the time left, then
+looks again (about log4 of LEAD / DUE_SHARE polls before the due time: 2.7)."""
 LEAD = 0.9
 """Fast polls start at this share of the expected gap (of the shortest of the last
 :data:`GAP_MEMORY` gaps)."""
@@ -79,7 +90,7 @@ def informed_interval(base: float, since_s: float, expected_s: float | None, cap
         return idle_interval(base, since_s, cap)
     due, fast = LEAD * expected_s, max(base, DUE_SHARE * expected_s)
     if since_s < due:
-        return min(cap, max(fast, (due - since_s) / 2))
+        return min(cap, max(fast, (due - since_s) * PRE_DUE_SHARE))
     return idle_interval(fast, since_s - due, cap)
 
 
@@ -98,3 +109,51 @@ class Gaps:
     def expected(self, kind: str | None) -> float | None:
         seen = self._gaps.get(kind or "")
         return min(seen) if seen else None
+
+
+LOAD_SLACK_S = 0.5
+"""A pull answered this much later than the node's quick ones (:data:`LOAD_BASELINE`)
+does not slow the node: a new connection's TCP and TLS handshakes on a slow link.
+Beyond it, each further ``LOAD_SLACK_S`` of delay slows the node's idle traffic once
+more (1 s late: 2x, 2.5 s: 5x)."""
+MAX_SLOWDOWN = 6.0
+"""The most a busy SuperLink slows a node's idle polls and heartbeats (a 10 s idle
+poll becomes 60 s; a heartbeat every 20 s, one every 2.5 min)."""
+LOAD_RECENT = 5
+"""The slowdown follows the median delay of this many recent pulls."""
+LOAD_BASELINE = 120
+"""A node's quick answer is its quickest of this many recent pulls (20 min of idle
+pulls at 10 s: a node whose link changes learns the new one)."""
+
+
+class ServerLoad:
+    """How busy the SuperLink looks from a node: the time its pulls take to come
+    back. One per process (an emulator's nodes share their SuperLink's)."""
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=LOAD_RECENT)
+        self._history: deque[float] = deque(maxlen=LOAD_BASELINE)
+        self._lock = threading.Lock()
+
+    def note(self, seconds: float) -> None:
+        """A request to the SuperLink took ``seconds`` to come back."""
+        with self._lock:
+            self._recent.append(seconds)
+            self._history.append(seconds)
+
+    def delay(self) -> float:
+        """How much later than its quick answers the SuperLink answers now."""
+        with self._lock:
+            if not self._recent:
+                return 0.0
+            return max(0.0, statistics.median(self._recent) - min(self._history))
+
+    def slowdown(self) -> float:
+        """The factor a node's idle waits and heartbeat interval are stretched by:
+        1 while the SuperLink answers within :data:`LOAD_SLACK_S` of its quick
+        answers, up to :data:`MAX_SLOWDOWN`."""
+        return min(MAX_SLOWDOWN, max(1.0, self.delay() / LOAD_SLACK_S))
+
+
+LOAD = ServerLoad()
+"""This process's view of its SuperLink."""

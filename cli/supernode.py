@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import random
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ from typing import Any
 from cli.pacing import (
     FAST_GROWTH,
     LEAD,
+    LOAD,
+    ServerLoad,
     Gaps,
     fast_polls,
     idle_interval,
@@ -287,11 +290,19 @@ class PacedSleep(types.ModuleType):
     seen; ``fast``: :func:`idle_interval` from the reply on), at most ``cap``."""
 
     def __init__(
-        self, real: types.ModuleType, poll: float, cap: float | None = None, fast: bool = False
+        self,
+        real: types.ModuleType,
+        poll: float,
+        cap: float | None = None,
+        fast: bool = False,
+        load: ServerLoad | None = None,
     ) -> None:
         super().__init__("time")
         self.__dict__.update(vars(real))
         self._real, self._poll, self._fast = real, poll, fast
+        self.load = load
+        """The SuperLink's load as the node sees it: its idle waits are stretched by
+        :meth:`ServerLoad.slowdown` (None: never)."""
         self._cap = FLOWER_IDLE_PULL_S if fast else (idle_poll_s() if cap is None else cap)
         self.last_active = real.monotonic()
         self.gaps = Gaps()
@@ -322,6 +333,8 @@ class PacedSleep(types.ModuleType):
             return min(seconds, idle_interval(self._poll, since, self._cap, FAST_GROWTH))
         expected = self.gaps.expected(self.replied)
         wait = informed_interval(self._poll, since, expected, self._cap)
+        if self.load is not None:
+            wait *= self.load.slowdown()
         if self.before_idle is not None and (expected is None or since <= 2 * expected):
             self.before_idle(wait, None if expected is None else LEAD * expected - since)
         return wait
@@ -916,8 +929,9 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     fast = fast_polls()
     early, along = switch("FEDHET_EARLY_TASK"), switch("FEDHET_CONFIRM_ALONG")
     paced: PacedSleep | None = None
+    aware = switch("FEDHET_LOAD_AWARE") and gate.use("load-aware-idle")
     if gate.use("node-polling"):
-        paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast)
+        paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast, load=LOAD if aware else None)
         replace(module, "time", paced)
     count = object_concurrency()
     warm: WarmConnections | None = None
@@ -962,7 +976,7 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             on_stop=held.ring if held is not None else None,
             on_stored=held.ring if held is not None and early else None,
             confirm_along=along,
-            on_receive_s=warm.note_rtt if warm is not None else None,
+            on_receive_s=_noting(warm.note_rtt if warm is not None else None, aware),
             on_waiting=warm_while_working(warm) if warm is not None else None,
             inbox=Inbox(gate.fact("run-watch", "inbox")),
         )
@@ -977,6 +991,8 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             replace(handlers, "push_task_output", failed)
     if gate.use("heartbeat-patience"):
         patient_heartbeats()
+    if aware:
+        load_aware_heartbeats()
     sys.argv = ["flower-supernode", *argv]
     flower_internal("flwr.supernode.cli.flower_supernode", "flower_supernode")()
 
@@ -995,6 +1011,57 @@ def patient_heartbeats(seconds: float = HEARTBEAT_PATIENCE_S) -> None:
     """Flower's SuperNode heartbeat calls wait ``seconds`` for their answer."""
     module = importlib.import_module("flwr.supernode.fleet_http_client")
     replace(module, "HEARTBEAT_CALL_TIMEOUT", seconds)
+
+
+def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:
+    """Flower's SuperNode heartbeats, their interval stretched by the SuperLink's load
+    (:meth:`ServerLoad.slowdown`): each heartbeat declares Flower's interval (30 s)
+    times the slowdown, and the next one follows Flower's own rule for that interval
+    (``(interval - 5 s) x 0.8 +- 0.1``). The SuperLink holds a node online for 2 x the
+    interval its last heartbeat declared, so a node that sends fewer is not declared
+    unavailable. The time each heartbeat takes is noted as a pull's is."""
+    conn = importlib.import_module(FLEET_CONNECTION)
+    base = flower_internal("flwr.supercore.heartbeat", "HeartbeatSender")
+    constant = importlib.import_module("flwr.common.constant")
+    interval = float(constant.HEARTBEAT_DEFAULT_INTERVAL)
+    timeout, top = constant.HEARTBEAT_CALL_TIMEOUT, constant.HEARTBEAT_MAX_INTERVAL
+    share, spread = constant.HEARTBEAT_BASE_MULTIPLIER, constant.HEARTBEAT_RANDOM_RANGE
+
+    class LoadAwareHeartbeats(base):  # type: ignore[misc, valid-type]
+        def declared(self) -> float:
+            return float(min(top, round(interval * load.slowdown(), 1)))
+
+        def _run(self) -> None:
+            while not self._stop_event.is_set():
+                self._retry_invoker.invoke(self._heartbeat)
+                wait = (self.declared() - timeout) * (share + random.uniform(*spread))
+                self._stop_event.wait(wait)
+
+        def _heartbeat(self) -> None:
+            replace(conn, "HEARTBEAT_DEFAULT_INTERVAL", self.declared())
+            start = time.monotonic()
+            try:
+                super()._heartbeat()
+            finally:
+                load.note(time.monotonic() - start)
+
+    replace(conn, "HeartbeatSender", LoadAwareHeartbeats)
+
+
+def _noting(
+    note_rtt: Callable[[float], None] | None, aware: bool
+) -> Callable[[float], None] | None:
+    """What a pull's round trip is told to: the warm connections, the load view."""
+    if not aware:
+        return note_rtt
+    if note_rtt is None:
+        return LOAD.note
+
+    def both(seconds: float) -> None:
+        note_rtt(seconds)
+        LOAD.note(seconds)
+
+    return both
 
 
 def _arrived(paced: PacedSleep | None, held: HeldTasks | None) -> Callable[[str], None]:

@@ -213,6 +213,23 @@ PARTS: tuple[Part, ...] = (
         "supernode",
     ),
     Part(
+        "load-aware-idle",
+        "a node whose SuperLink answers late polls and sends its heartbeats up to 6x "
+        "less often (Flower: a heartbeat every ~20 s, whatever the load)",
+        (
+            "flwr.supernode.fleet_http_connection:HeartbeatSender",
+            "flwr.supernode.fleet_http_connection:http_request_response",
+            "flwr.supercore.heartbeat:HeartbeatSender",
+            "flwr.common.constant:HEARTBEAT_DEFAULT_INTERVAL",
+            "flwr.common.constant:HEARTBEAT_CALL_TIMEOUT",
+            "flwr.common.constant:HEARTBEAT_MAX_INTERVAL",
+            "flwr.common.constant:HEARTBEAT_BASE_MULTIPLIER",
+            "flwr.common.constant:HEARTBEAT_RANDOM_RANGE",
+        ),
+        "Flower's heartbeat interval; idle polls not slowed by the SuperLink's load",
+        "supernode",
+    ),
+    Part(
         "server-objects",
         "the ServerApp moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
         (

@@ -4,8 +4,12 @@ Flower moves a message as a tree of objects (the message, its record dict, every
 record, every array and every 5 MB chunk of it), one SuperLink request per object each
 way: a head-sized fedhet message was 14 objects, each pulled by the node and each of
 its reply's pushed, then pulled again by the ServerApp. Packed, a message is the
-record dict, one :class:`~flwr.app.ArrayRecord` holding one ``uint8`` array, its
-chunks and the message: 4 objects plus one per 5 MB. The numbers are the same bytes:
+record dict, one :class:`~flwr.app.ConfigRecord` holding the packed bytes, and the
+message: 3 objects (a config record has no children, where an array record is a
+record, an array and its chunks: 5 objects). A message over :data:`INLINE_MAX` bytes
+(Flower's 5 MB chunk size: one object must fit one request) goes as one ``uint8``
+array in an :class:`~flwr.app.ArrayRecord` instead, 4 objects plus one per 5 MB, so
+that its chunks move concurrently. The numbers are the same bytes:
 :func:`unpack` gives back exactly what :func:`pack` was given (array dtypes, shapes and
 bytes; metric and config values through JSON, which keeps Python's floats exactly).
 
@@ -36,8 +40,13 @@ class PackingError(ValueError):
     """A packed message that does not unpack; the message is one line."""
 
 
+INLINE_MAX = 5 * 1024 * 1024
+"""Largest packed message carried as bytes in a config record (one object); larger
+ones go as an array, chunked by Flower (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, 5 MB)."""
+
+
 def is_packed(content: RecordDict) -> bool:
-    return PACKED in content.array_records
+    return PACKED in content.array_records or PACKED in content.config_records
 
 
 def _value(value: Any) -> Any:
@@ -58,8 +67,9 @@ def _back(value: Any) -> Any:
     return value
 
 
-def pack(content: RecordDict) -> RecordDict:
-    """``content`` as one record holding one ``uint8`` array."""
+def pack(content: RecordDict, inline_max: int = INLINE_MAX) -> RecordDict:
+    """``content`` as one record: its bytes in a config record, or one ``uint8`` array
+    when they are over ``inline_max``."""
     header: list[Any] = []
     chunks: list[bytes] = []
     offset = 0
@@ -82,21 +92,30 @@ def pack(content: RecordDict) -> RecordDict:
             raise TypeError(f"record {name!r}: {type(record).__name__} cannot be packed")
     text = json.dumps(header, separators=(",", ":")).encode()
     blob = b"".join([MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
+    if len(blob) <= inline_max:
+        return RecordDict({PACKED: ConfigRecord({"blob": blob})})
     return RecordDict({PACKED: ArrayRecord({"blob": Array(np.frombuffer(blob, np.uint8))})})
 
 
 def unpack(content: RecordDict) -> RecordDict:
     """The content :func:`pack` packed; :class:`PackingError` names what does not fit."""
-    try:
-        record = content.array_records[PACKED]
-        if list(record) != ["blob"]:
-            raise PackingError(f"record {PACKED!r} holds {sorted(record)}, not one 'blob'")
+    if list(content) != [PACKED]:
+        raise PackingError(f"a packed message holds records {sorted(content)}, not {PACKED!r}")
+    record = content[PACKED]
+    if list(record) != ["blob"]:
+        raise PackingError(f"record {PACKED!r} holds {sorted(record)}, not one 'blob'")
+    if isinstance(record, ConfigRecord):
+        data = record["blob"]
+        if not isinstance(data, bytes):
+            raise PackingError(f"the packed value is {type(data).__name__}, not bytes")
+    elif isinstance(record, ArrayRecord):
         blob = record["blob"].numpy()
-    except KeyError:
-        raise PackingError(f"no record {PACKED!r}") from None
-    if blob.dtype != np.uint8 or blob.ndim != 1:
-        raise PackingError(f"the packed array is {blob.dtype} {list(blob.shape)}, not uint8 [n]")
-    data = blob.tobytes()
+        if blob.dtype != np.uint8 or blob.ndim != 1:
+            shape = list(blob.shape)
+            raise PackingError(f"the packed array is {blob.dtype} {shape}, not uint8 [n]")
+        data = blob.tobytes()
+    else:
+        raise PackingError(f"record {PACKED!r} is a {type(record).__name__}")
     if data[: len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 4:
         raise PackingError("the packed array does not start with fedhet's mark")
     size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "little")

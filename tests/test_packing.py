@@ -48,11 +48,35 @@ def test_unpack_gives_back_exactly_what_was_packed() -> None:
 
 
 def _blob(content: RecordDict) -> bytes:
-    return bytes(content.array_records[PACKED]["blob"].numpy())
+    record = content[PACKED]
+    if isinstance(record, ConfigRecord):
+        return record["blob"]  # type: ignore[return-value]
+    return bytes(record["blob"].numpy())
 
 
-def _with_blob(data: bytes) -> RecordDict:
+def _with_blob(data: bytes, inline: bool = True) -> RecordDict:
+    if inline:
+        return RecordDict({PACKED: ConfigRecord({"blob": data})})
     return RecordDict({PACKED: ArrayRecord({"blob": Array(np.frombuffer(data, np.uint8))})})
+
+
+def _objects(content: RecordDict) -> int:
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return len(get_all_nested_objects(Message(content, dst_node_id=9, message_type="train")))
+
+
+def test_a_packed_message_is_three_objects_and_a_large_one_goes_chunked() -> None:
+    content = _content(np.random.default_rng(4))
+    assert _objects(content) == 15  # message, record dict, 3 records, 5 arrays, 5 chunks
+    small = pack(content)
+    assert isinstance(small[PACKED], ConfigRecord) and _objects(small) == 3
+    big = pack(content, inline_max=100)  # over the inline size: one uint8 array, chunked
+    assert isinstance(big[PACKED], ArrayRecord) and _objects(big) == 5
+    assert _blob(small) == _blob(big)
+    for packed in (small, big):
+        back = unpack(packed)
+        assert np.array_equal(back["arrays"]["w"].numpy(), content["arrays"]["w"].numpy())
 
 
 @pytest.mark.parametrize(
@@ -66,11 +90,28 @@ def _with_blob(data: bytes) -> RecordDict:
         (lambda b: b.replace(b',"arrays",[', b',"tensor",[', 1), "unknown kind"),
     ],
 )
-def test_a_malformed_packed_message_is_one_line(mangle, says: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("inline", [True, False], ids=["bytes", "array"])
+def test_a_malformed_packed_message_is_one_line(mangle, says: str, inline: bool) -> None:  # type: ignore[no-untyped-def]
     blob = _blob(pack(_content(np.random.default_rng(1))))
     assert blob.startswith(MAGIC)
     with pytest.raises(PackingError, match=says):
-        unpack(_with_blob(mangle(blob)))
+        unpack(_with_blob(mangle(blob), inline))
+
+
+def test_a_packed_record_of_another_shape_is_one_line() -> None:
+    blob = _blob(pack(_content(np.random.default_rng(1))))
+    extra = _with_blob(blob)
+    extra["more"] = MetricRecord({"x": 1})
+    cases = [
+        (extra, "holds records"),
+        (RecordDict({PACKED: ConfigRecord({"blob": "text"})}), "not bytes"),
+        (RecordDict({PACKED: ConfigRecord({"blob": blob, "b": blob})}), "not one 'blob'"),
+        (RecordDict({PACKED: MetricRecord({"blob": 1.0})}), "is a MetricRecord"),
+        (RecordDict({PACKED: ArrayRecord({"blob": Array(np.zeros(3, np.float32))})}), "not uint8"),
+    ]
+    for content, says in cases:
+        with pytest.raises(PackingError, match=says):
+            unpack(content)
 
 
 class _Grid:

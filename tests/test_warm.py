@@ -386,9 +386,10 @@ def test_supernode_fast_mode_polls_fast_after_a_task_and_backs_off_when_idle() -
 
 def test_supernode_polls_when_its_next_message_is_due() -> None:
     """With no history it backs off from its reply; once it has seen a gap after a
-    reply to a ``train`` message, it waits half the time left to LEAD x that gap,
-    then polls every DUE_SHARE x the gap, backing off; idle, at most the idle cap."""
-    from cli.pacing import DUE_SHARE, IDLE_GROWTH, LEAD
+    reply to a ``train`` message, it waits PRE_DUE_SHARE of the time left to LEAD x
+    that gap, then polls every DUE_SHARE x the gap, backing off; idle, at most the
+    idle cap."""
+    from cli.pacing import DUE_SHARE, IDLE_GROWTH, LEAD, PRE_DUE_SHARE
 
     clock = _Clock()
     paced = _paced(clock, cap=10.0)
@@ -404,10 +405,11 @@ def test_supernode_polls_when_its_next_message_is_due() -> None:
     paced.arrived("train")  # (no gap after evaluate replies is known yet)
     paced.sleep(0.5)
     reply = clock.now
-    paced.sleep(3)  # right after the train reply: half of the time to the due time
-    assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 2, abs=0.1)
+    paced.sleep(3)  # right after the train reply: a share of the time to the due time
+    first = min(10.0, LEAD * 20.0 * PRE_DUE_SHARE)  # (at most the idle cap)
+    assert clock.slept[-1] == pytest.approx(first, abs=0.1)
     paced.sleep(3)
-    assert clock.slept[-1] == pytest.approx(LEAD * 20.0 / 4, abs=0.1)
+    assert clock.slept[-1] == pytest.approx((LEAD * 20.0 - first) * PRE_DUE_SHARE, abs=0.1)
     clock.now = reply + LEAD * 20.0  # due: a share of the gap
     paced.sleep(3)
     assert clock.slept[-1] == pytest.approx(DUE_SHARE * 20.0, abs=0.01)
@@ -417,6 +419,101 @@ def test_supernode_polls_when_its_next_message_is_due() -> None:
     clock.now += 3600.0  # idle for an hour: the cap
     paced.sleep(3)
     assert clock.slept[-1] == 10.0
+
+
+def test_a_busy_superlink_slows_a_nodes_idle_polls() -> None:
+    """ServerLoad: pulls answered within LOAD_SLACK_S of the node's quick ones leave
+    its waits alone; later ones stretch every idle wait by delay / slack, at most
+    MAX_SLOWDOWN; the quick answer is the quickest of the recent LOAD_BASELINE."""
+    from cli.pacing import LOAD_BASELINE, LOAD_RECENT, LOAD_SLACK_S, MAX_SLOWDOWN, ServerLoad
+
+    load = ServerLoad()
+    assert load.slowdown() == 1.0  # nothing seen yet
+    for _ in range(LOAD_RECENT):
+        load.note(0.05)
+    assert load.delay() == 0.0 and load.slowdown() == 1.0
+    for _ in range(LOAD_RECENT):
+        load.note(0.05 + LOAD_SLACK_S * 0.9)  # a slow link's handshakes: not load
+    assert load.slowdown() == 1.0
+    for _ in range(LOAD_RECENT):
+        load.note(0.05 + 3 * LOAD_SLACK_S)
+    assert load.slowdown() == pytest.approx(3.0)
+    load.note(60.0)  # one outlier does not move the median
+    assert load.slowdown() == pytest.approx(3.0)
+    for _ in range(LOAD_RECENT):
+        load.note(60.0)
+    assert load.slowdown() == MAX_SLOWDOWN
+    for _ in range(LOAD_BASELINE):  # a new, slower link: its answers become the quick ones
+        load.note(0.6)
+    assert load.slowdown() == 1.0
+
+    clock, other, busy = _Clock(), _Clock(), ServerLoad()
+    paced, plain = _paced(clock, cap=10.0), _paced(other, cap=10.0)
+    paced.load = busy
+    for _ in range(LOAD_RECENT):
+        busy.note(0.05)
+    assert paced.wait_for(3) == plain.wait_for(3)
+    for _ in range(LOAD_RECENT):
+        busy.note(0.05 + 2 * LOAD_SLACK_S)
+    assert paced.wait_for(3) == pytest.approx(2 * plain.wait_for(3))
+    assert paced.wait_for(0.5) == 0.05  # waits inside a task are never slowed
+    paced.gaps.add("train", 20.0)
+    paced.replied = "train"
+    plain.gaps.add("train", 20.0)
+    plain.replied = "train"
+    clock.now += 1000  # long idle: twice the cap
+    other.now += 1000
+    assert paced.wait_for(3) == pytest.approx(20.0) and plain.wait_for(3) == 10.0
+
+
+def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """load-aware-idle: each heartbeat declares Flower's 30 s times the slowdown (what
+    the SuperLink holds the node online for, twice), the next one follows Flower's
+    rule for that interval, and each heartbeat's time is noted."""
+    import threading
+
+    from flwr.common import constant
+    from flwr.supernode import fleet_http_connection as conn
+
+    from cli.pacing import LOAD_RECENT, LOAD_SLACK_S, ServerLoad
+    from cli.supernode import load_aware_heartbeats
+
+    monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
+    monkeypatch.setattr(conn, "HEARTBEAT_DEFAULT_INTERVAL", conn.HEARTBEAT_DEFAULT_INTERVAL)
+    load = ServerLoad()
+    load_aware_heartbeats(load)
+    declared: list[float] = []
+
+    def beat() -> bool:
+        declared.append(conn.HEARTBEAT_DEFAULT_INTERVAL)
+        return True
+
+    def waits(sender) -> float:  # type: ignore[no-untyped-def]
+        """The wait ``_run`` takes after one heartbeat."""
+        seen: list[float] = []
+
+        def wait(seconds: float) -> bool:
+            seen.append(seconds)
+            sender._stop_event.set()
+            return True
+
+        sender._stop_event = threading.Event()
+        sender._stop_event.wait = wait
+        sender._run()
+        return seen[0]
+
+    sender = conn.HeartbeatSender(beat)
+    base = float(constant.HEARTBEAT_DEFAULT_INTERVAL)
+    wait = waits(sender)
+    assert declared == [base] and len(load._history) == 1
+    assert 0.7 * (base - 5) <= wait <= 0.9 * (base - 5)
+    for _ in range(LOAD_RECENT):
+        load.note(load._history[0] + 4 * LOAD_SLACK_S)
+    wait = waits(sender)
+    assert declared[-1] == pytest.approx(4 * base, abs=0.1)
+    assert 0.7 * (4 * base - 5) <= wait <= 0.9 * (4 * base - 5)
 
 
 def test_a_round_the_node_sat_out_does_not_slow_the_next() -> None:
