@@ -41,8 +41,8 @@ from cli.pacing import (
     FAST_GROWTH,
     LEAD,
     LOAD,
-    ServerLoad,
     Gaps,
+    ServerLoad,
     fast_polls,
     idle_interval,
     idle_poll_s,
@@ -931,7 +931,9 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     paced: PacedSleep | None = None
     aware = switch("FEDHET_LOAD_AWARE") and gate.use("load-aware-idle")
     if gate.use("node-polling"):
-        paced = PacedSleep(flower_internal(name, "time"), poll, fast=fast, load=LOAD if aware else None)
+        paced = PacedSleep(
+            flower_internal(name, "time"), poll, fast=fast, load=LOAD if aware else None
+        )
         replace(module, "time", paced)
     count = object_concurrency()
     warm: WarmConnections | None = None

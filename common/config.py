@@ -28,6 +28,7 @@ from common.devices import parse_fleet
 from common.errors import ConfigError
 from common.sections import (
     DataConfig,
+    FDConfig,
     FedARAConfig,
     FedGHConfig,
     FedKDConfig,
@@ -147,6 +148,7 @@ class RunConfig(Section):
     fedtgp: FedTGPConfig = FedTGPConfig()
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
+    fd: FDConfig = FDConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
     log: LogConfig = LogConfig()

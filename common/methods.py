@@ -171,6 +171,13 @@ BUILTIN: tuple[Method, ...] = (
         uploads_parameters=True,
         keys=(keys.MEME,),
     ),
+    Method(
+        "fd",
+        "strategies.fd:FD",
+        "client_app.distill:FDHook",
+        section=sections.FDConfig,
+        keys=(keys.LOGIT,),
+    ),
 )
 
 

@@ -222,6 +222,18 @@ class FMLConfig(Section):
     """The meme's loss: β·CE + (1−β)·KL(own‖meme)."""
 
 
+class FDConfig(Section):
+    """``fd.*``: federated distillation's pull towards the global mean logits."""
+
+    lam: float = Field(1.0, ge=0, alias="lambda")
+    """Weight λ of the distillation term between a sample's logits and the global mean
+    logit vector of its class (the paper's and HtFLlib's 1); 0 = none."""
+    loss: Literal["kl", "mse"] = "kl"
+    """The distillation term: ``kl``, KL(softmax(global logits of y) ‖ softmax(logits))
+    (the global logits as a soft teacher), or ``mse``, the mean squared distance of the
+    logit vectors (HtFLlib's before 2025-11)."""
+
+
 class RobustConfig(Section):
     """``robust.*``: aggregation that a few extreme finite replies cannot steer."""
 

@@ -27,12 +27,13 @@ def expected_prototypes(node: NodeInfo) -> dict[str, tuple[int, ...]]:
 
 def class_mean(uploads: list[Upload], rule: str = "mean", trim: float = 0.1) -> Arrays:
     """Unweighted per-class mean over the clients that have the class (``rule``:
-    ``trimmed-mean`` or ``median`` per coordinate instead, see :mod:`strategies.robust`)."""
+    ``trimmed-mean`` or ``median`` per coordinate instead, see :mod:`strategies.robust`);
+    keys are ``<prefix><c>`` (``proto.3``, ``logit.3``), returned in class order."""
     groups: dict[str, list[np.ndarray]] = {}
     for u in uploads:
         for key, value in u.arrays.items():
             groups.setdefault(key, []).append(value.astype(np.float64))
-    order = sorted(groups, key=lambda k: int(k.removeprefix(PROTO)))
+    order = sorted(groups, key=lambda k: int(k.rsplit(".", 1)[-1]))
     if rule == "mean":
         return {k: np.mean(groups[k], axis=0).astype(np.float32) for k in order}
     out: Arrays = {}

@@ -228,7 +228,7 @@ def test_every_upload_key_a_strategy_expects_is_a_declared_message_key() -> None
     from strategies.testing import node
 
     nodes = [node(10, 0), node(11, 1)]
-    for name in ("lgfedavg", "fedproto", "fedgh", "fedre", "fedtgp"):
+    for name in ("lgfedavg", "fedproto", "fedgh", "fedre", "fedtgp", "fd"):
         method = methods.get(name)
         s = make_strategy(parse_run_config({"algorithm": name}))
         s.nodes = {n.node_id: n for n in nodes}
