@@ -179,6 +179,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
         sleep=paced.sleep,
         on_message=paced.arrived,
         on_receive_s=LOAD.note if aware else None,
+        load=LOAD if aware else None,
         confirm_along=True,
         inbox=Inbox("legacy"),
     )

@@ -37,6 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fedre": {"algorithm": "fedre"},
     "fedtgp": {"algorithm": "fedtgp"},
     "fedkd": {"algorithm": "fedkd"},
+    "fd": {"algorithm": "fd"},
+    "fd-mse": {"algorithm": "fd", "fd.loss": "mse"},
 }
 PARTITIONS = {"scarce": 0.5, "practical": 0.1}
 NODES = (2, 4, 8, 20, 50)

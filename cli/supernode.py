@@ -641,8 +641,13 @@ class RunWatch:
         inbox: Inbox | None = None,
         reply_grace_s: float = REPLY_GRACE_S,
         start_bound_s: float | None = None,
+        load: ServerLoad | None = None,
     ) -> None:
         self._pull, self._push = pull, push
+        self.load = load
+        """The SuperLink's load as this node sees it: a message object that is not
+        there yet is asked for again later the busier it is (:class:`PatientPulls`;
+        None: Flower's backoff alone)."""
         self.inbox = inbox if inbox is not None else Inbox("legacy")
         self.reply_grace_s = reply_grace_s
         self.start_bound_s = (
@@ -697,6 +702,8 @@ class RunWatch:
             return got
 
         bound.arguments["receive"] = receive_and_note
+        if self.load is not None and "pull_object" in bound.arguments:
+            bound.arguments["pull_object"] = PatientPulls(bound.arguments["pull_object"], self.load)
         self.get_run = bound.arguments["get_run"]
         state = bound.arguments.get("state")
         noted = _NotesCreated(state) if state is not None else None
@@ -981,6 +988,7 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             on_receive_s=_noting(warm.note_rtt if warm is not None else None, aware),
             on_waiting=warm_while_working(warm) if warm is not None else None,
             inbox=Inbox(gate.fact("run-watch", "inbox")),
+            load=LOAD if aware else None,
         )
         replace(module, "_pull_and_store_message", watch.pull)
         replace(module, "_push_messages", watch.push)
@@ -1013,6 +1021,61 @@ def patient_heartbeats(seconds: float = HEARTBEAT_PATIENCE_S) -> None:
     """Flower's SuperNode heartbeat calls wait ``seconds`` for their answer."""
     module = importlib.import_module("flwr.supernode.fleet_http_client")
     replace(module, "HEARTBEAT_CALL_TIMEOUT", seconds)
+
+
+MISSING_SHARE = 0.25
+""":class:`PatientPulls`: an object missing for t seconds is asked for again after
+``MISSING_SHARE`` x t (times the SuperLink's slowdown), once that is more than
+Flower's own retry wait (at most 0.5 s with fedhet's ``PULL_BACKOFF``)."""
+
+
+class PatientPulls:
+    """A node's ``pull_object(run_id, object_id)``, patient with objects the
+    SuperLink does not have yet.
+
+    Flower's SuperLink hands a node its message as soon as the ServerApp pushed it,
+    before the ServerApp has pushed the message's objects; the node's pulls of those
+    find them missing and retry (fedhet's backoff: every 0.5 s at most). With a
+    thousand nodes that waited for a ServerApp pushing a thousand messages, those
+    retries were most of the SuperLink's requests and starved the ServerApp's own
+    pushes and heartbeats (docs/deployment.md, "Beyond 16 nodes"). Here an object that
+    stays missing is asked for again after a wait that grows with how long it has
+    been missing (:data:`MISSING_SHARE` x that time) and with the SuperLink's
+    slowdown (:meth:`ServerLoad.slowdown`); one missing for less than 2 s on an idle
+    SuperLink retries as before."""
+
+    def __init__(
+        self,
+        pull: Callable[[int, str], bytes],
+        load: ServerLoad,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._pull, self._load, self._clock, self._sleep = pull, load, clock, sleep
+        self.missing_since: dict[str, float] = {}
+        self.waited = 0.0
+        """Seconds these pulls added to Flower's own retry waits."""
+
+    def extra_wait(self, missing_s: float) -> float:
+        """How much longer than Flower's retry wait to wait for an object missing
+        for ``missing_s`` seconds."""
+        return max(0.0, MISSING_SHARE * missing_s * self._load.slowdown() - 0.5)
+
+    def __call__(self, run_id: int, object_id: str) -> bytes:
+        unavailable = flower_internal(
+            "flwr.supercore.inflatable.inflatable_utils", "ObjectUnavailableError"
+        )
+        try:
+            content = self._pull(run_id, object_id)
+        except unavailable:
+            now = self._clock()
+            wait = self.extra_wait(now - self.missing_since.setdefault(object_id, now))
+            if wait > 0:
+                self.waited += wait
+                self._sleep(wait)
+            raise
+        self.missing_since.pop(object_id, None)
+        return content
 
 
 def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:

@@ -214,10 +214,14 @@ PARTS: tuple[Part, ...] = (
     ),
     Part(
         "load-aware-idle",
-        "a node whose SuperLink answers late polls and sends its heartbeats up to 6x "
-        "less often (Flower: a heartbeat every ~20 s, whatever the load)",
+        "a node whose SuperLink answers late polls, sends its heartbeats and asks again "
+        "for a message's missing objects less often (Flower: a heartbeat every ~20 s, "
+        "a missing object every 0.5 s, whatever the load)",
         (
             "flwr.supernode.fleet_http_connection:HeartbeatSender",
+            f"{OBJECTS}:ObjectUnavailableError",
+            f"{OBJECTS}:pull_objects",
+            f"{SUPERNODE}:_pull_and_store_message",
             "flwr.supernode.fleet_http_connection:http_request_response",
             "flwr.supercore.heartbeat:HeartbeatSender",
             "flwr.common.constant:HEARTBEAT_DEFAULT_INTERVAL",
@@ -226,7 +230,8 @@ PARTS: tuple[Part, ...] = (
             "flwr.common.constant:HEARTBEAT_BASE_MULTIPLIER",
             "flwr.common.constant:HEARTBEAT_RANDOM_RANGE",
         ),
-        "Flower's heartbeat interval; idle polls not slowed by the SuperLink's load",
+        "Flower's heartbeat interval; idle polls and object retries not slowed by the "
+        "SuperLink's load",
         "supernode",
     ),
     Part(

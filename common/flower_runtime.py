@@ -54,6 +54,8 @@ FLOWER_INTERNALS = (
     ("flwr.supernode.nodestate.in_memory_nodestate", "InMemoryNodeState"),
     ("flwr.proto.runtime_pb2", "PushTaskOutputRequest"),
     ("flwr.supercore.inflatable.inflatable_utils", "get_num_workers"),
+    ("flwr.supercore.inflatable.inflatable_utils", "ObjectUnavailableError"),
+    ("flwr.supercore.heartbeat", "HeartbeatSender"),
     ("flwr.supernode.start_client_internal", "push_object_contents_from_iterable"),
     ("flwr.superlink.grid.http_grid", "push_objects"),
     ("flwr.supernode.fleet_http_connection", "FleetHttpClient"),

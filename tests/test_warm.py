@@ -516,6 +516,44 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
     assert 0.7 * (4 * base - 5) <= wait <= 0.9 * (4 * base - 5)
 
 
+def test_a_missing_object_is_asked_for_again_later_the_longer_it_is_missing() -> None:
+    """PatientPulls: a message object the SuperLink does not have yet is retried at
+    Flower's pace while it has been missing < 2 s on an idle SuperLink; after t s it
+    waits MISSING_SHARE x t x slowdown (less Flower's 0.5 s) first; found, it is
+    forgotten."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from cli.pacing import LOAD_RECENT, LOAD_SLACK_S, ServerLoad
+    from cli.supernode import MISSING_SHARE, PatientPulls
+
+    clock, load, there = _Clock(), ServerLoad(), {"a": False}
+
+    def pull(run_id: int, object_id: str) -> bytes:
+        if not there[object_id]:
+            raise ObjectUnavailableError(object_id)
+        return b"x"
+
+    pulls = PatientPulls(pull, load, clock=clock.monotonic, sleep=clock.sleep)
+    for _ in range(3):
+        with pytest.raises(ObjectUnavailableError):
+            pulls(1, "a")
+    assert clock.slept == []  # missing for no time yet
+    clock.now += 10.0
+    with pytest.raises(ObjectUnavailableError):
+        pulls(1, "a")
+    assert clock.slept == [pytest.approx(MISSING_SHARE * 10.0 - 0.5)]
+    for _ in range(LOAD_RECENT):
+        load.note(0.05)
+    for _ in range(LOAD_RECENT):
+        load.note(0.05 + 3 * LOAD_SLACK_S)  # a busy SuperLink: 3x
+    waited = clock.now - 100.0
+    with pytest.raises(ObjectUnavailableError):
+        pulls(1, "a")
+    assert clock.slept[-1] == pytest.approx(MISSING_SHARE * waited * 3 - 0.5)
+    there["a"] = True
+    assert pulls(1, "a") == b"x" and pulls.missing_since == {}
+
+
 def test_a_round_the_node_sat_out_does_not_slow_the_next() -> None:
     from cli.pacing import GAP_MEMORY, Gaps
 
