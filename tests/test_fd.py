@@ -94,6 +94,7 @@ def test_the_uploaded_logits_are_the_means_training_saw(tmp_path: Path) -> None:
         received_logits(run)
 
 
+@pytest.mark.slow  # the full tier also runs fd end to end (test_eval_mode, test_reference)
 def test_two_rounds_in_process_learn(tmp_path: Path) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fd")  # 3 nodes, synthetic data
     assert [r["round"] for r in res["rounds"]] == [1, 2]
