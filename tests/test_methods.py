@@ -227,9 +227,10 @@ def test_every_upload_key_a_strategy_expects_is_a_declared_message_key() -> None
     """A method's ``keys`` cover what its strategy sends and expects back."""
     from strategies.testing import node
 
-    nodes = [node(10, 0), node(11, 1)]
-    for name in ("lgfedavg", "fedproto", "fedgh", "fedre", "fedtgp", "fd"):
-        method = methods.get(name)
+    nodes = [node(10, 0, **{"rank-ratio": 1.0}), node(11, 1, **{"rank-ratio": 0.5})]
+    for name, method in methods.METHODS.items():
+        if not method.keys:
+            continue
         s = make_strategy(parse_run_config({"algorithm": name}))
         s.nodes = {n.node_id: n for n in nodes}
         s.global_arrays = s.init_global()
