@@ -199,6 +199,7 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fedtgp", {"algorithm": "fedtgp"}),
         Spec("fedkd", {"algorithm": "fedkd"}),
         Spec("fml", {"algorithm": "fml"}),
+        Spec("fd", {"algorithm": "fd"}),
     ],
 }
 
