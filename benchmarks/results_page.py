@@ -31,6 +31,7 @@ MAIN = [
     "fedtgp",
     "fedkd",
     "fml",
+    "fd",
     "fedlora",
     "fedara",
     "fedara-tracked-star",
