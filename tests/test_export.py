@@ -42,11 +42,12 @@ CASES: dict[str, dict[str, Any]] = {
     "fedtgp": {},
     "fedkd": {},
     "fml": {},
+    "fd": {},
 }
 """Case -> run-config overrides (the case name is the algorithm unless set)."""
-FAST = ("fedproto-proto",)
-"""In the fast tier: the prototypes as constants (fedara, the factors at the client's rank,
-runs in the full tier with the others)."""
+FAST: tuple[str, ...] = ()
+"""In the fast tier: none (each case is a whole run, then an export of every client; the
+nearest-prototype export, fedproto-proto, runs in the full tier with the others)."""
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,7 @@ def test_the_app_packages_are_what_the_bundle_carries() -> None:
     assert sorted(pattern.removesuffix("/**") for pattern in include) == sorted(APP_PACKAGES)
 
 
+@pytest.mark.slow  # builds the run bundle with flwr
 def test_the_hash_is_the_same_in_the_bundle_flower_unpacks(tmp_path: Path) -> None:
     """What ``flwr run`` ships (Flower's own FAB builder) hashes as the checkout does."""
     from flwr.cli.build import build_fab_from_disk

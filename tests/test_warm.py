@@ -295,6 +295,7 @@ def test_a_puller_without_the_backoff_arguments_is_named(monkeypatch: pytest.Mon
         fast_object_pulls("fake_flower_module", "pull_objects")
 
 
+@pytest.mark.slow  # builds the run bundle with flwr
 def test_the_run_bundle_carries_the_app_packages_only() -> None:
     """Every ClientApp task receives and installs the run's FAB: it holds the app's
     packages (every module the components import), not the launcher (``cli``, which
