@@ -162,8 +162,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.nodestate import NodeStateFactory
 
     from cli.pacing import LOAD
-    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch, switch
-    from common import flower_gate
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
     from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)
@@ -171,15 +170,15 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     node_config = {"partition-id": index, "num-partitions": args.num_partitions}
     factory = NodeStateFactory(ObjectStoreFactory())
     state, store = factory.state(), factory.objectstore_factory.store()
-    aware = switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle")
-    paced = PacedSleep(time, 0.05, load=LOAD if aware else None)
+    load = LOAD if args.load_aware else None
+    paced = PacedSleep(time, 0.05, load=load)
     watch = RunWatch(
         loop._pull_and_store_message,
         loop._push_messages,
         sleep=paced.sleep,
         on_message=paced.arrived,
-        on_receive_s=LOAD.note if aware else None,
-        load=LOAD if aware else None,
+        on_receive_s=LOAD.note if load is not None else None,
+        load=load,
         confirm_along=True,
         inbox=Inbox("legacy"),
     )
@@ -282,7 +281,8 @@ def main() -> None:
 
     if flower_gate.use("heartbeat-patience"):  # once for every node of this process
         patient_heartbeats()
-    if switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle"):
+    args.load_aware = switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle")
+    if args.load_aware:
         load_aware_heartbeats()  # one view of the SuperLink's load for the process's nodes
     count = object_concurrency()
     if flower_gate.use("node-objects") and count is not None:

@@ -1052,9 +1052,10 @@ class PatientPulls:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._pull, self._load, self._clock, self._sleep = pull, load, clock, sleep
+        self._unavailable = flower_internal(
+            "flwr.supercore.inflatable.inflatable_utils", "ObjectUnavailableError"
+        )
         self.missing_since: dict[str, float] = {}
-        self.waited = 0.0
-        """Seconds these pulls added to Flower's own retry waits."""
 
     def extra_wait(self, missing_s: float) -> float:
         """How much longer than Flower's retry wait to wait for an object missing
@@ -1062,16 +1063,12 @@ class PatientPulls:
         return max(0.0, MISSING_SHARE * missing_s * self._load.slowdown() - 0.5)
 
     def __call__(self, run_id: int, object_id: str) -> bytes:
-        unavailable = flower_internal(
-            "flwr.supercore.inflatable.inflatable_utils", "ObjectUnavailableError"
-        )
         try:
             content = self._pull(run_id, object_id)
-        except unavailable:
+        except self._unavailable:
             now = self._clock()
             wait = self.extra_wait(now - self.missing_since.setdefault(object_id, now))
             if wait > 0:
-                self.waited += wait
                 self._sleep(wait)
             raise
         self.missing_since.pop(object_id, None)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from client_app.base import ClientHook, ClientRun
-from client_app.prototypes import protected
+from client_app.prototypes import proto_arrays, received_rows
 from common.messages import LOGIT
 from models.train import ExtraLoss
 
@@ -19,17 +19,7 @@ training (this message only)."""
 
 def received_logits(run: ClientRun) -> tuple[Tensor, Tensor]:
     """Global mean logits the server sent, as ``(table [C, C], known bool [C])``."""
-    num_classes = run.data.num_classes
-    table = torch.zeros(num_classes, num_classes)
-    known = torch.zeros(num_classes, dtype=torch.bool)
-    for key, value in run.received.items():
-        if not key.startswith(LOGIT):
-            raise ValueError(f"unexpected array '{key}' from the server")
-        c = int(key.removeprefix(LOGIT))
-        if not 0 <= c < num_classes or value.shape != (num_classes,):
-            raise ValueError(f"bad global logits '{key}' {tuple(value.shape)}")
-        table[c], known[c] = value, True
-    return table, known
+    return received_rows(run, LOGIT, run.data.num_classes, "logits")
 
 
 def distillation(logits: Tensor, teacher: Tensor, kind: str) -> Tensor:
@@ -99,7 +89,4 @@ class FDHook(ClientHook):
         return loss
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
-        means, present = mean_logits(run)
-        rows = protected(run, means[present])
-        classes = [c for c in range(len(present)) if present[c]]
-        return {f"{LOGIT}{c}": rows[i] for i, c in enumerate(classes)}
+        return proto_arrays(run, *mean_logits(run), prefix=LOGIT)

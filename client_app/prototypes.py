@@ -24,11 +24,14 @@ def prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
     return means, counts > 0
 
 
-def proto_arrays(run: ClientRun, means: Tensor, present: Tensor) -> dict[str, Tensor]:
-    """``proto.<c>`` of the present classes, each protected (``privacy.*``)."""
+def proto_arrays(
+    run: ClientRun, means: Tensor, present: Tensor, prefix: str = PROTO
+) -> dict[str, Tensor]:
+    """``<prefix><c>`` (``proto.<c>``) of the present classes, each protected
+    (``privacy.*``)."""
     rows = protected(run, means[present])
     classes = [c for c in range(len(present)) if present[c]]
-    return {f"{PROTO}{c}": rows[i] for i, c in enumerate(classes)}
+    return {f"{prefix}{c}": rows[i] for i, c in enumerate(classes)}
 
 
 def protected(run: ClientRun, vectors: Tensor) -> Tensor:
@@ -38,19 +41,26 @@ def protected(run: ClientRun, vectors: Tensor) -> Tensor:
     return protect(vectors, p.clip, p.noise, run.generator(purpose=3))
 
 
-def received_prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
-    """Global prototypes the server sent, as ``(table [C, d], known bool [C])``."""
-    d, num_classes = run.model.feature_dim, run.data.num_classes
-    table = torch.zeros(num_classes, d)
+def received_rows(run: ClientRun, prefix: str, width: int, what: str) -> tuple[Tensor, Tensor]:
+    """The per-class vectors ``<prefix><c>`` [width] the server sent, as ``(table [C,
+    width], known bool [C])``; any other key, class or shape is a ValueError naming
+    the key (``what``: the vectors' name in it)."""
+    num_classes = run.data.num_classes
+    table = torch.zeros(num_classes, width)
     known = torch.zeros(num_classes, dtype=torch.bool)
     for key, value in run.received.items():
-        if not key.startswith(PROTO):
+        if not key.startswith(prefix):
             raise ValueError(f"unexpected array '{key}' from the server")
-        c = int(key.removeprefix(PROTO))
-        if not 0 <= c < num_classes or value.shape != (d,):
-            raise ValueError(f"bad global prototype '{key}' {tuple(value.shape)}")
+        c = int(key.removeprefix(prefix))
+        if not 0 <= c < num_classes or value.shape != (width,):
+            raise ValueError(f"bad global {what} '{key}' {tuple(value.shape)}")
         table[c], known[c] = value, True
     return table, known
+
+
+def received_prototypes(run: ClientRun) -> tuple[Tensor, Tensor]:
+    """Global prototypes the server sent, as ``(table [C, d], known bool [C])``."""
+    return received_rows(run, PROTO, run.model.feature_dim, "prototype")
 
 
 class FedProtoHook(ClientHook):

@@ -6,9 +6,8 @@ from typing import Self, Unpack
 
 from common.config import RunConfig
 from common.messages import LOGIT
-from common.records import Arrays
-from strategies.base import NodeInfo, RunSettings, Upload, run_settings
-from strategies.fedproto import FedProto, class_mean, present_classes
+from strategies.base import NodeInfo, RunSettings, run_settings
+from strategies.fedproto import FedProto, present_classes
 
 
 def expected_logits(node: NodeInfo) -> dict[str, tuple[int, ...]]:
@@ -30,7 +29,7 @@ class FD(FedProto):
     unweighted mean over the clients that have the class (the paper's and HtFLlib's;
     ``robust.aggregate`` makes it a trimmed mean or a median per coordinate); classes
     absent from this round's replies keep their last global logits. Evaluation: each
-    client's own model.
+    client's own model. The rule is FedProto's (:meth:`FedProto.aggregate`), on logits.
     """
 
     name = "fd"
@@ -45,8 +44,3 @@ class FD(FedProto):
 
     def expected_upload(self, node: NodeInfo) -> dict[str, tuple[int, ...]]:
         return expected_logits(node)
-
-    def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
-        new = dict(self.global_arrays)
-        new.update(class_mean(uploads, self.robust_aggregate, self.robust_trim))
-        return dict(sorted(new.items(), key=lambda kv: int(kv[0].removeprefix(LOGIT))))

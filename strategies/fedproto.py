@@ -25,6 +25,11 @@ def expected_prototypes(node: NodeInfo) -> dict[str, tuple[int, ...]]:
     return {f"{PROTO}{c}": (node.feature_dim,) for c in present_classes(node)}
 
 
+def class_of(key: str) -> int:
+    """The class a per-class key names (``proto.<c>``, ``logit.<c>``)."""
+    return int(key.rsplit(".", 1)[-1])
+
+
 def class_mean(uploads: list[Upload], rule: str = "mean", trim: float = 0.1) -> Arrays:
     """Unweighted per-class mean over the clients that have the class (``rule``:
     ``trimmed-mean`` or ``median`` per coordinate instead, see :mod:`strategies.robust`);
@@ -33,7 +38,7 @@ def class_mean(uploads: list[Upload], rule: str = "mean", trim: float = 0.1) -> 
     for u in uploads:
         for key, value in u.arrays.items():
             groups.setdefault(key, []).append(value.astype(np.float64))
-    order = sorted(groups, key=lambda k: int(k.rsplit(".", 1)[-1]))
+    order = sorted(groups, key=class_of)
     if rule == "mean":
         return {k: np.mean(groups[k], axis=0).astype(np.float32) for k in order}
     out: Arrays = {}
@@ -59,11 +64,6 @@ def screen_settings(cfg: RunConfig) -> ScreenSettings:
         "prototype_min_cosine": cfg.robust.prototype_min_cosine,
         "prototype_max_norm_ratio": cfg.robust.prototype_max_norm_ratio,
     }
-
-
-def class_of(key: str) -> int:
-    """The class a ``proto.<c>`` key names."""
-    return int(key.removeprefix(PROTO))
 
 
 class ClassScreened(HeteroStrategy):
@@ -198,4 +198,4 @@ class FedProto(HeteroStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         new = dict(self.global_arrays)
         new.update(class_mean(uploads, self.robust_aggregate, self.robust_trim))
-        return dict(sorted(new.items(), key=lambda kv: int(kv[0].removeprefix(PROTO))))
+        return dict(sorted(new.items(), key=lambda kv: class_of(kv[0])))
