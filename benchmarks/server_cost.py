@@ -21,7 +21,7 @@ over one run of ``--rounds`` rounds:
   SuperExec that starts it; the SuperNodes; the executors with their fork servers;
   the ClientApp task processes);
 * requests the SuperLink received, by path (a counting middleware in the SuperLink
-  process: ``python -m benchmarks.server_cost superlink`` is ``flower-superlink`` with
+  process: ``python -m benchmarks.server_cost superlink`` is ``fedhet superlink`` with
   that middleware);
 * each round's latency overhead: its wall time minus the slowest client's training;
 * the steady state: CPU and requests from the end of round 1 (when results.json first
@@ -118,17 +118,17 @@ def _write_counts(path: Path) -> None:
 
 
 def run_counting_superlink(counts: Path, argv: list[str]) -> None:
-    """``flower-superlink argv`` with :class:`CountRequests` outermost, its counts
-    written to ``counts`` (JSON) every 0.2 s."""
+    """``fedhet superlink argv`` (:mod:`cli.superlink`) with :class:`CountRequests`
+    outermost, its counts written to ``counts`` (JSON) every 0.2 s."""
     import flwr.superlink.extensions as extensions
-    from flwr.superlink.cli.flower_superlink import flower_superlink
     from starlette.middleware import Middleware
+
+    from cli.superlink import run_superlink
 
     stock = extensions.get_middleware
     extensions.get_middleware = lambda: (Middleware(CountRequests), *stock())  # type: ignore[assignment]
     threading.Thread(target=_write_counts, args=(counts,), daemon=True).start()
-    sys.argv = ["flower-superlink", *argv]
-    flower_superlink()
+    run_superlink(argv)
 
 
 def read_counts(path: Path) -> dict[str, int]:
@@ -157,8 +157,8 @@ class CountingFederation(Federation):
         argv_counts = [sys.executable, "-m", "benchmarks.server_cost", "superlink"]
 
         def start(name: str, cmd: list[str], cwd: Path | None = None) -> Any:
-            if name == "superlink" and cmd[:1] == ["flower-superlink"]:
-                cmd = [*argv_counts, "--counts", str(self.counts_path), *cmd[1:]]
+            if name == "superlink" and cmd[:2] == ["fedhet", "superlink"]:
+                cmd = [*argv_counts, "--counts", str(self.counts_path), *cmd[2:]]
                 cwd = ROOT
             return real(name, cmd, cwd)
 

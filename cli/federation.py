@@ -54,10 +54,11 @@ def superlink_command(
     isolation: str = "subprocess",
     database: Path | None = None,
 ) -> list[str]:
-    """``flower-superlink`` with TLS + node auth (or ``--insecure`` when certs is None);
+    """``fedhet superlink`` (Flower's, :mod:`cli.superlink`) with TLS + node auth (or
+    ``--insecure`` when certs is None);
     ``database``: its state (registered nodes, runs) in a file, so a restarted
     SuperLink knows its nodes again."""
-    cmd = ["flower-superlink"]
+    cmd = ["fedhet", "superlink"]
     if certs is None:
         cmd += ["--insecure"]
     else:

@@ -622,6 +622,24 @@ by {FAST_GROWTH:g} s per second waited up to {FLOWER_IDLE_PULL_S:g} s, and answe
 executor's requests at once."""
 
 
+SUPERLINK_HELP = """Run Flower's SuperLink for large fleets (takes `flower-superlink`'s flags).
+
+Flower's Control API middlewares run only on Control API requests (a node's or the
+ServerApp's request skips them), and with the state in memory a node's poll looks only
+at its own messages (Flower checks every stored message on every poll). Each change
+falls back to Flower's own behaviour, with one warning line, on a Flower it was not
+checked against (`python -m common.flower_gate`)."""
+
+
+@app.command(context_settings=PASS_THROUGH, help=SUPERLINK_HELP)
+def superlink(ctx: typer.Context) -> None:
+    """Flower's SuperLink with fedhet's fleet-path changes (:mod:`cli.superlink`)."""
+    show_own_help(ctx)
+    from cli.superlink import run_superlink
+
+    run_superlink(list(ctx.args))
+
+
 @app.command(context_settings=PASS_THROUGH, help=SUPERNODE_HELP)
 def supernode(ctx: typer.Context) -> None:
     """Flower's SuperNode, paced (:data:`SUPERNODE_HELP`, :mod:`cli.supernode`)."""

@@ -44,6 +44,8 @@ NODE_HANDLERS = "flwr.supernode.servicer.runtime.runtime_handlers"
 NODE_STATE = "flwr.supernode.nodestate.in_memory_nodestate"
 OBJECTS = "flwr.supercore.inflatable.inflatable_utils"
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
+CONTROL_MIDDLEWARES = "flwr.superlink.routers.control.middlewares"
+MEMORY_STATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,41 @@ PARTS: tuple[Part, ...] = (
         "Flower's heartbeat interval; idle polls and object retries not slowed by the "
         "SuperLink's load",
         "supernode",
+    ),
+    Part(
+        "superlink-entry",
+        "fedhet superlink starts Flower's own SuperLink",
+        ("flwr.superlink.cli:flower_superlink",),
+        None,
+        "superlink",
+    ),
+    Part(
+        "superlink-fleet-path",
+        "the SuperLink's Control API middlewares (cache headers, event log, licence, "
+        "account authentication) run only on Control API paths, the Fleet event log only "
+        "with its plugin (Flower: all eight middlewares on every request)",
+        (
+            "flwr.superlink.main:_get_middleware",
+            "flwr.superlink.main:create_app",
+            f"{CONTROL_MIDDLEWARES}:ControlSensitiveResponseMiddleware",
+            f"{CONTROL_MIDDLEWARES}:ControlEventLogMiddleware",
+            f"{CONTROL_MIDDLEWARES}:ControlLicenseMiddleware",
+            f"{CONTROL_MIDDLEWARES}:ControlAuthenticationMiddleware",
+            f"{CONTROL_MIDDLEWARES}:_is_control_path",
+            f"{CONTROL_MIDDLEWARES}:CONTROL_SENSITIVE_ROUTE_KEYS",
+            f"{CONTROL_MIDDLEWARES}:CONTROL_AUTH_ROUTE_KEYS",
+            "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware",
+        ),
+        "Flower's middlewares on every request",
+        "superlink",
+    ),
+    Part(
+        "superlink-node-index",
+        "the SuperLink's in-memory state finds a node's messages by its index (Flower: "
+        "every poll checks every stored message), all of them checked every 30 s",
+        (f"{MEMORY_STATE}:InMemoryLinkState", f"{MEMORY_STATE}:now"),
+        "Flower's scan of every stored message on every poll",
+        "superlink",
     ),
     Part(
         "server-objects",

@@ -131,7 +131,7 @@ def test_sigterm_stops_a_federation_within_15_s_on_a_busy_machine(tmp_path: Path
         time.sleep(5)  # the loops take the cores; the round goes on, slowly
         tree = _tree(tree)
         started = b" ".join(_cmdline(p) for p in tree)
-        for name in (b"flower-superlink", b"supernode", b"superexec", b"forkserver"):
+        for name in (b"fedhet\0superlink", b"supernode", b"superexec", b"forkserver"):
             assert name in started, name
         proc.send_signal(signal.SIGTERM)
         start = time.monotonic()
