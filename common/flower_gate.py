@@ -352,6 +352,8 @@ def _text(obj: Any) -> str:
         obj = obj.__func__
     if inspect.ismodule(obj):
         return f"module {obj.__name__}"
+    if isinstance(obj, (set, frozenset)):  # its repr's order changes with the hash seed
+        return f"{type(obj).__name__} {sorted(map(repr, obj))}"
     descriptor = getattr(obj, "DESCRIPTOR", None)
     if descriptor is not None and hasattr(descriptor, "fields"):  # a protobuf message
         return " ".join(f"{f.name}:{f.number}:{f.type}" for f in descriptor.fields)

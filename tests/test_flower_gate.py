@@ -199,3 +199,23 @@ def test_heartbeats_wait_for_a_busy_superlinks_answer(monkeypatch: pytest.Monkey
     assert asked["send-node-heartbeat"] == HEARTBEAT_PATIENCE_S == 30.0
     assert asked["pull-messages"] is None
     assert gate.original(client_module, "HEARTBEAT_CALL_TIMEOUT") == 5
+
+
+@pytest.mark.slow  # four interpreters importing Flower: 13 s
+def test_a_fingerprint_does_not_depend_on_the_hash_seed() -> None:
+    """A part that reads a set of strings (the SuperLink's Control route keys) has one
+    fingerprint whatever order the process's hash seed gives the set."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from common import flower_gate as g; print(g.fingerprint(g.BY_NAME['superlink-fleet-path']))"
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True, text=True, check=True, cwd=gate.CHECKED_FILE.parent.parent,
+        ).stdout.strip()
+        for seed in (1, 2, 3, 4)
+    }  # fmt: skip
+    assert len(seen) == 1, seen
