@@ -209,7 +209,10 @@ def test_a_fingerprint_does_not_depend_on_the_hash_seed() -> None:
     import subprocess
     import sys
 
-    code = "from common import flower_gate as g; print(g.fingerprint(g.BY_NAME['superlink-fleet-path']))"
+    code = (
+        "from common import flower_gate as g; "
+        "print(g.fingerprint(g.BY_NAME['superlink-fleet-path']))"
+    )
     seen = {
         subprocess.run(
             [sys.executable, "-c", code],
