@@ -1090,17 +1090,27 @@ def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:
     share, spread = constant.HEARTBEAT_BASE_MULTIPLIER, constant.HEARTBEAT_RANDOM_RANGE
 
     class LoadAwareHeartbeats(base):  # type: ignore[misc, valid-type]
+        sent = interval
+        """The interval the last heartbeat declared: the SuperLink holds the node
+        online for 2 x that, so the next heartbeat follows from it, not from the load
+        seen since (a slow answer raises the slowdown; a wait for the new, longer
+        interval would outlast the old one's 2 x and the node would go offline)."""
+
         def declared(self) -> float:
             return float(min(top, round(interval * load.slowdown(), 1)))
 
         def _run(self) -> None:
             while not self._stop_event.is_set():
                 self._retry_invoker.invoke(self._heartbeat)
-                wait = (self.declared() - timeout) * (share + random.uniform(*spread))
-                self._stop_event.wait(wait)
+                self._stop_event.wait(self.wait())
+
+        def wait(self) -> float:
+            """Flower's rule for the interval the last heartbeat declared."""
+            return (self.sent - timeout) * (share + random.uniform(*spread))
 
         def _heartbeat(self) -> None:
-            replace(conn, "HEARTBEAT_DEFAULT_INTERVAL", self.declared())
+            self.sent = self.declared()
+            replace(conn, "HEARTBEAT_DEFAULT_INTERVAL", self.sent)
             start = time.monotonic()
             try:
                 super()._heartbeat()

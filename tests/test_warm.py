@@ -516,6 +516,23 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
     assert declared[-1] == pytest.approx(4 * base, abs=0.1)
     assert 0.7 * (4 * base - 5) <= wait <= 0.9 * (4 * base - 5)
 
+    # a heartbeat whose answer is late raises the slowdown: the wait after it still
+    # follows the interval it declared, well inside the 2 x the SuperLink holds
+    quick = ServerLoad()
+    load_aware_heartbeats(quick)
+
+    def slow_beat() -> bool:
+        declared.append(conn.HEARTBEAT_DEFAULT_INTERVAL)
+        for _ in range(LOAD_RECENT):
+            quick.note(10 * LOAD_SLACK_S)
+        return True
+
+    quick.note(0.01)
+    sender = conn.HeartbeatSender(slow_beat)
+    wait = waits(sender)
+    assert declared[-1] == pytest.approx(base, abs=0.1)
+    assert wait <= 0.9 * (base - 5) < 2 * base
+
 
 def test_a_missing_object_is_asked_for_again_later_the_longer_it_is_missing() -> None:
     """PatientPulls: a message object the SuperLink does not have yet is retried at
