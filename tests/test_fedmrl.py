@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,9 +48,11 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _closed_form(model: MatryoshkaNet, x: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``r``, local and shared logits in numpy from the weights."""
     xs = x.double().numpy()
-    g = xs @ _np(model.shared.extractor.weight).T + _np(model.shared.extractor.bias)
+    own, theirs = model.extractor, model.shared.extractor
+    assert isinstance(own, nn.Linear) and isinstance(theirs, nn.Linear)
+    g = xs @ _np(theirs.weight).T + _np(theirs.bias)
     g = g.reshape(len(xs), S, 2).mean(2)  # RM: adaptive average pooling 4 → 2
-    f = xs @ _np(model.extractor.weight).T + _np(model.extractor.bias)
+    f = xs @ _np(own.weight).T + _np(own.bias)
     r = np.concatenate([g, f], 1) @ _np(model.projector.weight).T + _np(model.projector.bias)
     local = r @ _np(model.head.weight).T + _np(model.head.bias)
     shared = r[:, :S] @ _np(model.shared.head.weight).T + _np(model.shared.head.bias)
@@ -162,7 +165,8 @@ def test_a_representation_wider_than_d_is_refused(tmp_path: Path) -> None:
     s = strategy(FedMRL, [node(10, 0, d=64)], **{"fedmrl.rep-dim": 65})
     with pytest.raises(ConfigError, match="fedmrl.rep-dim = 65 must be at most d = 64"):
         s.init_global()
-    ctx = client_context(tmp_path, "fedmrl", **{"model.feature-dim": 64, "fedmrl.rep-dim": 65})
+    wide: dict[str, Any] = {"model.feature-dim": 64, "fedmrl.rep-dim": 65}
+    ctx = client_context(tmp_path, "fedmrl", **wide)
     with pytest.raises(ValueError, match="fedmrl.rep-dim = 65 must be at most d = 64"):
         open_run(ctx, 1, methods.get("fedmrl").client_hook())
 
@@ -198,8 +202,9 @@ def test_the_trained_projector_is_where_the_next_round_starts(
     sent = {k: v.clone() for k, v in hook.shared_state(open_run(ctx, 1, hook)).items()}
     clients = {"clients-dir": str(tmp_path / "clients")} if on_disk else {}
     reply1 = train_message(hook, ConfigRecord({"server-round": 1, **clients}), to_record(sent), ctx)
-    trained = to_numpy(reply1["arrays"])
+    trained = to_numpy(reply1.array_records["arrays"])
     second = open_run(ctx, 2, hook, str(tmp_path / "clients") if on_disk else "")
+    assert isinstance(second.model, MatryoshkaNet)
     kept = {k: v.clone() for k, v in second.model.state_dict().items()}
     for key in ("projector.weight", "projector.bias", "head.weight"):
         assert not torch.equal(kept[key], fresh[key]), key  # trained, not a fresh init
@@ -210,8 +215,8 @@ def test_the_trained_projector_is_where_the_next_round_starts(
     for key, value in global2.items():
         torch.testing.assert_close(second.model.state_dict()[key], value, rtol=0, atol=0)
     # what round 1 uploaded is the shared model round 2 found in its personal state
-    for key, value in trained.items():
-        np.testing.assert_array_equal(kept[key].numpy(), value)
+    for key, uploaded in trained.items():
+        np.testing.assert_array_equal(kept[key].numpy(), uploaded)
 
 
 @pytest.mark.slow  # the full tier also runs fedmrl end to end (test_eval_mode, test_reference)
