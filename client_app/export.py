@@ -4,7 +4,9 @@ How a client predicts is what its hook's ``evaluate`` measures: the personal mod
 with what the server sent for the evaluation installed (lgfedavg, fedgh, fedre: the
 global head; fedara: the served extractor at the client's rank with its own head;
 fedlora: the global adapter beside its own model; fedavg: the global model; fml,
-fedkd: the own model, whose forward never runs the meme or mentee) and, for
+fedkd: the own model, whose forward never runs the meme or mentee; fedmrl: the own
+extractor and the served shared model fused by the client's projector, read by its own
+head) and, for
 ``fedproto`` with ``fedproto.infer = proto``, the nearest global prototype
 (:func:`predictor`). ``fedtgp`` and ``fedproto`` with ``infer = head`` predict with the
 client's own head.

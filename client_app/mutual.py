@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from client_app.base import ClientHook, ClientRun, initial_seed
 from common.messages import FACTOR_US, FACTOR_VT, MEME, MENTEE
-from models import build_model, smallest_arch
+from models import HetNet, build_model, smallest_arch
 from models.mutual import compress, energy_at, fedkd_loss, fml_loss
 from models.train import ExtraLoss
 
@@ -30,22 +30,27 @@ class MutualHook(ClientHook):
         raise NotImplementedError
 
     def prepare(self, run: ClientRun) -> None:
+        run.model.add_module(self.prefix, self.build_shared(run, run.model.feature_dim))
+
+    def build_shared(self, run: ClientRun, feature_dim: int) -> HetNet:
+        """The shared model (:meth:`shared_arch`, else the family's smallest) for this
+        node's data, with representation size ``feature_dim``; its initial weights are
+        replaced by the server's."""
         arch = self.shared_arch(run) or smallest_arch(
             run.cfg.model.family,
             run.data.in_channels,
             run.data.image_size,
             run.cfg.model.small_input_stem,
         )
-        shared = build_model(
+        return build_model(
             arch,
             in_channels=run.data.in_channels,
             num_classes=run.data.num_classes,
             image_size=run.data.image_size,
-            feature_dim=run.model.feature_dim,
+            feature_dim=feature_dim,
             small_stem=run.cfg.model.small_input_stem,
-            seed=initial_seed(run.cfg, run.node) + 1,  # replaced by the server's
+            seed=initial_seed(run.cfg, run.node) + 1,
         )
-        run.model.add_module(self.prefix, shared)
 
     def shared(self, run: ClientRun) -> nn.Module:
         return run.model.get_submodule(self.prefix)

@@ -33,6 +33,7 @@ from common.sections import (
     FedGHConfig,
     FedKDConfig,
     FedLoRAConfig,
+    FedMRLConfig,
     FedProtoConfig,
     FedREConfig,
     FedTGPConfig,
@@ -149,6 +150,7 @@ class RunConfig(Section):
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
     fd: FDConfig = FDConfig()
+    fedmrl: FedMRLConfig = FedMRLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
     log: LogConfig = LogConfig()

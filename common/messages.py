@@ -25,6 +25,9 @@ MEME = "meme."
 """FML's shared meme model (``meme.<state-dict key>``)."""
 MENTEE = "mentee."
 """FedKD's shared mentee model (``mentee.<state-dict key>``)."""
+SHARED = "shared."
+"""FedMRL's small homogeneous model shared by every client (``shared.<state-dict
+key>``: its extractor and its head ``Linear(s, C)``)."""
 FACTOR_US, FACTOR_VT = ".us", ".vt"
 """Suffixes of a FedKD update sent as truncated-SVD factors: ``<key>.us`` [rows, r]
 (U·S) and ``<key>.vt`` [r, cols]."""

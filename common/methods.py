@@ -178,6 +178,14 @@ BUILTIN: tuple[Method, ...] = (
         section=sections.FDConfig,
         keys=(keys.LOGIT,),
     ),
+    Method(
+        "fedmrl",
+        "strategies.fedmrl:FedMRL",
+        "client_app.fedmrl:FedMRLHook",
+        section=sections.FedMRLConfig,
+        uploads_parameters=True,
+        keys=(keys.SHARED,),
+    ),
 )
 
 

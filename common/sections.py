@@ -234,6 +234,18 @@ class FDConfig(Section):
     logit vectors (HtFLlib's before 2025-11)."""
 
 
+class FedMRLConfig(Section):
+    """``fedmrl.*``: the small shared model and the nested representation it reads."""
+
+    shared_arch: str = ""
+    """Architecture of the small homogeneous model every client shares; empty = the
+    family's smallest (``cnn-5`` for ``cnn``)."""
+    rep_dim: int = Field(128, ge=1)
+    """``s``: the shared model's representation size (its ``RM`` pools to ``s``) and the
+    leading coordinates of the fused representation its head reads (HtFLlib's
+    ``sub_feature_dim``, 128); at most ``d``."""
+
+
 class RobustConfig(Section):
     """``robust.*``: aggregation that a few extreme finite replies cannot steer."""
 

@@ -355,9 +355,10 @@ class HeteroStrategy(Strategy):
             raise ValueError(f"{purpose} needs one architecture on every node; found {archs}")
         return self.build_for_nodes(archs[0])
 
-    def build_for_nodes(self, arch: str) -> HetNet:
+    def build_for_nodes(self, arch: str, feature_dim: int = 0) -> HetNet:
         """``arch`` built (seeded by ``seed``) for the nodes' data: input channels,
-        image size, classes and ``d`` as they reported them."""
+        image size, classes and ``d`` as they reported them (``feature_dim``, when
+        set, instead of ``d``)."""
         from models import build_model
 
         node = next(iter(self.nodes.values()))
@@ -367,7 +368,7 @@ class HeteroStrategy(Strategy):
             in_channels=int(meta["in-channels"]),
             num_classes=node.num_classes,
             image_size=int(meta["image-size"]),
-            feature_dim=node.feature_dim,
+            feature_dim=feature_dim or node.feature_dim,
             small_stem=bool(meta.get("small-stem", 1)),
             seed=self.seed,
         )

@@ -1,0 +1,58 @@
+"""FedMRL's client model: a local and a shared extractor fused by a personal projector,
+and two heads on nested slices of the fused representation (Matryoshka).
+
+Pure PyTorch; no Flower imports.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from models.nets import HetNet
+
+
+class MatryoshkaNet(HetNet):
+    """``r = P([RM_s(g(x)), RM(g_k(x))])`` [B, d]; the local head reads all of ``r``,
+    the shared head its first ``s`` coordinates.
+
+    ``g`` is the shared model's extractor (its ``RM`` pools to ``s``), ``g_k`` the local
+    one (``RM`` to ``d``), ``P = Linear(s + d, d)`` the projector, ``[·, ·]`` the
+    concatenation, shared part first. ``forward`` is the prediction: the local head's
+    logits ``h_k(r)``; :meth:`shared_logits` are the shared head's ``h(r[:, :s])``.
+
+    The state dict holds the local model's keys as they were (``extractor.*``,
+    ``head.*``), the shared model's under ``shared.`` and ``projector.weight`` [d, s + d],
+    ``projector.bias`` [d].
+    """
+
+    def __init__(self, local: HetNet, shared: HetNet, projector: nn.Linear) -> None:
+        s, d = shared.feature_dim, local.feature_dim
+        if s > d:
+            raise ValueError(f"the shared representation ({s}) must fit in d = {d}")
+        if (projector.in_features, projector.out_features) != (s + d, d):
+            raise ValueError(
+                f"the projector maps {projector.in_features}→{projector.out_features}, "
+                f"not s + d → d ({s + d}→{d})"
+            )
+        # HetNet.__init__ would build a new head: take the local model's modules instead
+        nn.Module.__init__(self)
+        self.extractor = local.extractor
+        self.head = local.head
+        self.feature_dim = d
+        self.num_classes = local.num_classes
+        self.arch = local.arch
+        self.shared = shared
+        self.projector = projector
+
+    def features(self, x: Tensor) -> Tensor:
+        """The fused representation ``r`` [B, d]."""
+        both = torch.cat((self.shared.features(x), super().features(x)), dim=1)
+        return self.projector(both)  # type: ignore[no-any-return]
+
+    def shared_logits(self, reps: Tensor) -> Tensor:
+        """The shared head's logits on the first ``s`` coordinates of ``reps`` [B, d]."""
+        return self.shared.classify(reps[:, : self.shared.feature_dim])
+
+
+__all__ = ["MatryoshkaNet"]
