@@ -30,6 +30,7 @@ from common.sections import (
     DataConfig,
     FDConfig,
     FedARAConfig,
+    FedGenConfig,
     FedGHConfig,
     FedKDConfig,
     FedLoRAConfig,
@@ -149,6 +150,7 @@ class RunConfig(Section):
     fedkd: FedKDConfig = FedKDConfig()
     fml: FMLConfig = FMLConfig()
     fd: FDConfig = FDConfig()
+    fedgen: FedGenConfig = FedGenConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
     log: LogConfig = LogConfig()

@@ -178,6 +178,13 @@ BUILTIN: tuple[Method, ...] = (
         section=sections.FDConfig,
         keys=(keys.LOGIT,),
     ),
+    Method(
+        "fedgen",
+        "strategies.fedgen:FedGen",
+        "client_app.fedgen:FedGenHook",
+        section=sections.FedGenConfig,
+        keys=(keys.HEAD, keys.GENERATOR, keys.LABEL_COUNTS),
+    ),
 )
 
 
