@@ -43,6 +43,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fedkd": {},
     "fml": {},
     "fd": {},
+    "fedgen": {},
 }
 """Case -> run-config overrides (the case name is the algorithm unless set)."""
 FAST: tuple[str, ...] = ()
