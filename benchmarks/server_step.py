@@ -9,9 +9,10 @@ node sampled) and ``aggregate_train`` of N replies with the keys and shapes the
 method's clients send (:func:`fake_upload`): what the node was sent plus noise where
 the reply has the sent keys, class prototypes around one centre per class, FedRE's
 mixtures of them with soft labels, FedKD's mentee update as factors of a quarter of
-the smaller side. Distinct uploads are drawn once per payload (:data:`POOL` of
-them), and nodes share their records, so that the fake replies do not hold N copies
-in memory; the server decodes each reply, as it always does.
+the smaller side, FedGen's label counts (each node's own: :func:`label_counts`).
+Distinct uploads are drawn once per payload (:data:`POOL` of them), and nodes share
+their records (FedGen's but for the counts), so that the fake replies do not hold N
+copies in memory; the server decodes each reply, as it always does.
 
 Timed: CPU seconds of the process (``time.process_time``, every thread) and wall
 seconds of configure_train + aggregate_train (making the replies is not timed),
@@ -61,7 +62,7 @@ def make_nodes(name: str, n: int) -> list[Any]:
 
 def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
     """One reply's arrays, as the method's client would shape them."""
-    from common.messages import PROTO, REP, SOFT_LABEL
+    from common.messages import LABEL_COUNTS, PROTO, REP, SOFT_LABEL
 
     expected = s.expected_upload(info)
     if expected is None:  # FedKD: the mentee's update, whole or as factors
@@ -69,7 +70,9 @@ def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.G
     centres = class_centres(info.feature_dim, info.num_classes)
     out = {}
     for key, shape in expected.items():
-        if key in sent and sent[key].shape == shape:
+        if key == LABEL_COUNTS:  # FedGen: set per node in replies()
+            out[key] = np.zeros(shape)
+        elif key in sent and sent[key].shape == shape:
             out[key] = sent[key] + rng.normal(0, NOISE, shape)
         elif key.startswith(PROTO):
             out[key] = centres[int(key.removeprefix(PROTO))] + rng.normal(0, 0.3, shape)
@@ -82,6 +85,14 @@ def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.G
     if REP in expected:
         out[REP] = out[SOFT_LABEL] @ centres + rng.normal(0, 0.3, expected[REP])
     return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def label_counts(info: Any) -> np.ndarray:
+    """A node's training samples per class as float32, summing to its ``num_train``
+    (the profile's counts, the remainder in class 0)."""
+    counts = np.asarray(info.class_counts, np.float32)
+    counts[0] += info.num_train - counts.sum()
+    return counts
 
 
 def class_centres(d: int, classes: int) -> np.ndarray:
@@ -112,6 +123,7 @@ def replies(s: Any, msgs: list[Any], rng: np.random.Generator) -> list[Any]:
     payload record, shared by the nodes sent it."""
     from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
+    from common.messages import LABEL_COUNTS
     from common.records import to_numpy, to_record
 
     pools: dict[int, list[Any]] = {}
@@ -121,16 +133,20 @@ def replies(s: Any, msgs: list[Any], rng: np.random.Generator) -> list[Any]:
         info = s.nodes[msg.metadata.dst_node_id]
         if id(record) not in pools:
             sent = to_numpy(record)
-            pools[id(record)] = [to_record(fake_upload(s, info, sent, rng)) for _ in range(POOL)]
+            pools[id(record)] = [fake_upload(s, info, sent, rng) for _ in range(POOL)]
+            pools[id(record)] = [
+                u if LABEL_COUNTS in u else to_record(u) for u in pools[id(record)]
+            ]
+        arrays = pools[id(record)][i % POOL]
+        if isinstance(arrays, dict):  # FedGen: each node's own counts, summing to its samples
+            arrays = to_record({**arrays, LABEL_COUNTS: label_counts(info)})
         sent_msg = Message(
             RecordDict({"config": ConfigRecord()}),
             dst_node_id=info.node_id,
             message_type=msg.metadata.message_type,
         )
         metrics = {"num-examples": info.num_train, "train-loss": 1.0, "train-time-s": 0.1}
-        content = RecordDict(
-            {"arrays": pools[id(record)][i % POOL], "metrics": MetricRecord(metrics)}
-        )
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
         out.append(Message(content, reply_to=sent_msg))
     return out
 

@@ -30,6 +30,7 @@ from common.sections import (
     DataConfig,
     FDConfig,
     FedARAConfig,
+    FedGenConfig,
     FedGHConfig,
     FedKDConfig,
     FedLoRAConfig,
@@ -151,6 +152,7 @@ class RunConfig(Section):
     fml: FMLConfig = FMLConfig()
     fd: FDConfig = FDConfig()
     fedmrl: FedMRLConfig = FedMRLConfig()
+    fedgen: FedGenConfig = FedGenConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
     log: LogConfig = LogConfig()

@@ -9,11 +9,16 @@ sides from there.
 
 HEAD = "head."
 """The classification head (``head.weight`` [C, d], ``head.bias`` [C]): lgfedavg,
-fedgh, fedre."""
+fedgh, fedre, fedgen."""
 PROTO = "proto."
 """One class prototype, ``proto.<c>`` [d]: fedproto, fedgh, fedtgp."""
 LOGIT = "logit."
 """One class's mean logit vector, ``logit.<c>`` [C]: fd."""
+GENERATOR = "generator."
+"""FedGen's feature generator (``generator.<state-dict key>``), trained on the server."""
+LABEL_COUNTS = "label-counts"
+"""Training samples per class [C] as float32 whole numbers: a fedgen client's own in
+its reply, the pooled counts the generator was trained on in the server's message."""
 REP = "rep"
 """FedRE's entangled representations [n, d]."""
 SOFT_LABEL = "soft-label"

@@ -186,6 +186,13 @@ BUILTIN: tuple[Method, ...] = (
         uploads_parameters=True,
         keys=(keys.SHARED,),
     ),
+    Method(
+        "fedgen",
+        "strategies.fedgen:FedGen",
+        "client_app.fedgen:FedGenHook",
+        section=sections.FedGenConfig,
+        keys=(keys.HEAD, keys.GENERATOR, keys.LABEL_COUNTS),
+    ),
 )
 
 

@@ -244,6 +244,26 @@ class FedMRLConfig(Section):
     """``s``: the shared model's representation size (its ``RM`` pools to ``s``) and the
     leading coordinates of the fused representation its head reads (HtFLlib's
     ``sub_feature_dim``, 128); at most ``d``."""
+class FedGenConfig(Section):
+    """``fedgen.*``: the server's feature generator and the client's term on its output."""
+
+    noise_dim: int = Field(512, ge=1)
+    """Width m of the generator's noise input ε ~ N(0, I) (HtFLlib's 512)."""
+    hidden_dim: int = Field(512, ge=1)
+    """Width H of the generator's hidden layer (HtFLlib's 512); the generator has
+    (m + C)·H + 4·H + H·d + d numbers, sent to every client each round."""
+    server_iterations: int = Field(100, ge=1)
+    """Adam steps of the server's generator training per round (HtFLlib's 100)."""
+    server_batch_size: int = Field(10, ge=2)
+    """Labels per generator step (HtFLlib's 10, its client batch size)."""
+    server_lr: float = Field(0.005, gt=0)
+    """Adam learning rate of the generator (HtFLlib's 0.005)."""
+    diversity: float = Field(1.0, ge=0)
+    """Weight η of the FedGen authors' diversity term in the generator's loss (their
+    released code's 1; HtFLlib has none: 0)."""
+    weight: float = Field(1.0, ge=0)
+    """Weight of the client's cross-entropy of its head on generated features (HtFLlib's
+    1); 0 = none (then the method is LG-FedAvg with extra traffic)."""
 
 
 class RobustConfig(Section):

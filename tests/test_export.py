@@ -44,6 +44,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fml": {},
     "fd": {},
     "fedmrl": {},
+    "fedgen": {},
 }
 """Case -> run-config overrides (the case name is the algorithm unless set)."""
 FAST: tuple[str, ...] = ()
