@@ -39,6 +39,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fedkd": {"algorithm": "fedkd"},
     "fd": {"algorithm": "fd"},
     "fd-mse": {"algorithm": "fd", "fd.loss": "mse"},
+    "fedgen": {"algorithm": "fedgen"},
+    "fedgen-lr3e-4": {"algorithm": "fedgen", "fedgen.server-lr": 0.0003},
+    "fedmrl": {"algorithm": "fedmrl"},
+    "lgfedavg": {"algorithm": "lgfedavg"},
 }
 PARTITIONS = {"scarce": 0.5, "practical": 0.1}
 NODES = (2, 4, 8, 20, 50)

@@ -200,6 +200,8 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fedkd", {"algorithm": "fedkd"}),
         Spec("fml", {"algorithm": "fml"}),
         Spec("fd", {"algorithm": "fd"}),
+        Spec("fedgen", {"algorithm": "fedgen"}),
+        Spec("fedmrl", {"algorithm": "fedmrl"}),
     ],
 }
 

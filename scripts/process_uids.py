@@ -5,7 +5,7 @@ What a container runs as is decided when it starts (compose ``user:``, else the 
 processes. ``scripts/compose-check.sh`` feeds it one line per process, as ``docker top
 CONTAINER -eo uid,pid,args`` prints them, prefixed with the compose service name::
 
-    superlink 1000 12345 /opt/fedhet/bin/python /opt/fedhet/bin/flower-superlink ...
+    superlink 1000 12345 /opt/fedhet/bin/python /opt/fedhet/bin/fedhet superlink ...
 
 and the compose file as ``docker compose config`` prints it; it prints a table and
 exits 1 naming every process whose uid is not its service's, and every long-running
