@@ -26,27 +26,24 @@ from client_app import export as export_module  # noqa: E402
 from client_app.app import app as client_app  # noqa: E402
 from client_app.export import MODEL_FILE, predictor, replay, wants_onnx  # noqa: E402
 from common.config import ConfigError, parse_run_config  # noqa: E402
+from common.methods import BUILTIN  # noqa: E402
+from common.methods import names as method_names  # noqa: E402
 from server_app.app import serve  # noqa: E402
 from server_app.inprocess import FakeGrid, small_config  # noqa: E402
 
-CASES: dict[str, dict[str, Any]] = {
-    "local": {},
+BUILTIN_NAMES = {m.name for m in BUILTIN}
+
+EXTRA: dict[str, dict[str, Any]] = {
     "fedavg": {"model.family": "fedavgcnn"},
-    "lgfedavg": {},
-    "fedproto": {},
     "fedproto-proto": {"algorithm": "fedproto", "fedproto.infer": "proto"},
-    "fedgh": {},
-    "fedre": {},
-    "fedara": {},
-    "fedlora": {},
-    "fedtgp": {},
-    "fedkd": {},
-    "fml": {},
-    "fd": {},
-    "fedmrl": {},
-    "fedgen": {},
 }
-"""Case -> run-config overrides (the case name is the algorithm unless set)."""
+"""Run-config overrides a method needs here, and cases beyond one per method."""
+CASES: dict[str, dict[str, Any]] = {
+    **{name: EXTRA.get(name, {}) for name in method_names() if name in BUILTIN_NAMES},
+    **{case: keys for case, keys in EXTRA.items() if "algorithm" in keys},
+}
+"""Case -> run-config overrides (the case name is the algorithm unless set): every
+built-in method of the registry."""
 FAST: tuple[str, ...] = ()
 """In the fast tier: none (each case is a whole run, then an export of every client; the
 nearest-prototype export, fedproto-proto, runs in the full tier with the others)."""
