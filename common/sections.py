@@ -244,6 +244,8 @@ class FedMRLConfig(Section):
     """``s``: the shared model's representation size (its ``RM`` pools to ``s``) and the
     leading coordinates of the fused representation its head reads (HtFLlib's
     ``sub_feature_dim``, 128); at most ``d``."""
+
+
 class FedGenConfig(Section):
     """``fedgen.*``: the server's feature generator and the client's term on its output."""
 
@@ -256,8 +258,9 @@ class FedGenConfig(Section):
     """Adam steps of the server's generator training per round (HtFLlib's 100)."""
     server_batch_size: int = Field(10, ge=2)
     """Labels per generator step (HtFLlib's 10, its client batch size)."""
-    server_lr: float = Field(0.005, gt=0)
-    """Adam learning rate of the generator (HtFLlib's 0.005)."""
+    server_lr: float = Field(0.0003, gt=0)
+    """Adam learning rate of the generator (the FedGen authors' 3e-4; HtFLlib's 0.005
+    made worse clients in a 3-seed comparison: docs/results/small-fleets.md)."""
     diversity: float = Field(1.0, ge=0)
     """Weight η of the FedGen authors' diversity term in the generator's loss (their
     released code's 1; HtFLlib has none: 0)."""

@@ -75,7 +75,7 @@ class FedGen(HeteroStrategy):
         hidden_dim: int = 512,
         server_iterations: int = 100,
         server_batch_size: int = 10,
-        server_lr: float = 0.005,
+        server_lr: float = 0.0003,
         diversity: float = 1.0,
         weight: float = 1.0,
         **kwargs: Unpack[RunSettings],
