@@ -110,6 +110,7 @@ def test_every_method_evaluates_the_same_inside_the_training_message(
     assert fold["rounds"][-1]["bytes-down-eval"] == sep["rounds"][-1]["bytes-down-eval"]
 
 
+@pytest.mark.slow  # a whole run (4-5 s): the full tier
 def test_partial_participation_and_eval_every_evaluate_the_same(tmp_path: Path) -> None:
     """Half of 6 nodes train each round, evaluation every 2 rounds (and after the
     last): nodes evaluated but not sampled for the next round get their own message."""
@@ -211,6 +212,7 @@ def test_a_failed_training_reply_loses_the_evaluation_it_carried(tmp_path: Path)
     assert second["valid-replies"] == 2
 
 
+@pytest.mark.slow  # a whole run (4-5 s): the full tier
 def test_a_resumed_run_evaluates_the_pending_round_by_itself(tmp_path: Path) -> None:
     """A server killed when round 3 starts: round 2's evaluation was to come with
     round 3's training replies. The resumed run evaluates round 2 by messages of its

@@ -310,7 +310,8 @@ def test_fedre_rsr_entangles_raw_samples_with_random_weights(tmp_path: Path) -> 
     assert not np.allclose(rap.numpy(), softs[0].numpy())
 
 
-@pytest.mark.parametrize("mix", ["vap", pytest.param("rsr", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two whole runs: the full tier
+@pytest.mark.parametrize("mix", ["vap", "rsr"])
 def test_fedre_ablation_variants_run(tmp_path: Path, mix: str) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fedre", **{"fedre.mix": mix})
     assert all(r["valid-replies"] == 3 for r in res["rounds"])
