@@ -531,7 +531,13 @@ class HeteroStrategy(Strategy):
         a mean, the norm of the update to what it was sent; otherwise not screened)."""
         if not self.shares_model:
             return None
-        return update_norm(upload.arrays, self.global_arrays)
+        return update_norm(self.shared_part(upload.arrays), self.global_arrays)
+
+    def shared_part(self, arrays: Arrays) -> Arrays:
+        """The part of an upload (or of the global state) that is the shared model:
+        what :meth:`mean_of` averages and the two screens measure (default: all of it;
+        FedGen: its head, not the label counts beside it)."""
+        return arrays
 
     def _screen(self, server_round: int, uploads: list[Upload]) -> list[Upload]:
         """Drop uploads far larger than the round's median (``robust.max-norm-ratio``).
@@ -572,16 +578,17 @@ class HeteroStrategy(Strategy):
         node was sent, over the float keys, in key order; otherwise not screened)."""
         if not self.shares_model:
             return None
-        vector = flat_update(upload.arrays, self.global_arrays)
+        vector = flat_update(self.shared_part(upload.arrays), self.global_arrays)
         return vector if vector.size else None
 
-    def mean_of(self, uploads: list[Upload]) -> Arrays:
-        """The uploads' weighted mean (``Upload.weight``), in the global's dtypes, or
-        the robust rule ``robust.aggregate`` chooses."""
+    def mean_of(self, uploads: list[Upload], weights: list[float] | None = None) -> Arrays:
+        """The :meth:`shared_part` of the uploads, their weighted mean (``weights``,
+        default ``Upload.weight``) in the global's dtypes, or the robust rule
+        ``robust.aggregate`` chooses."""
         return robust_mean(
-            [u.arrays for u in uploads],
-            [u.weight for u in uploads],
-            self.global_arrays,
+            [self.shared_part(u.arrays) for u in uploads],
+            [u.weight for u in uploads] if weights is None else weights,
+            self.shared_part(self.global_arrays),
             self.robust_aggregate,
             self.robust_trim,
         )

@@ -15,7 +15,6 @@ from models.generator import Generator, generator_state, train_generator
 from models.threads import torch_threads
 from strategies.base import HeteroStrategy, NodeInfo, RunSettings, Upload, run_settings
 from strategies.heads import BIAS, WEIGHT, initial_head
-from strategies.robust import flat_update, robust_mean, update_norm
 from strategies.timing import Phases
 
 
@@ -115,12 +114,8 @@ class FedGen(HeteroStrategy):
             arrays[LABEL_COUNTS], node.num_train
         )
 
-    def upload_size(self, upload: Upload) -> float | None:
-        return update_norm(head_of(upload.arrays), self.global_arrays)
-
-    def upload_update(self, upload: Upload) -> np.ndarray | None:
-        vector = flat_update(head_of(upload.arrays), self.global_arrays)
-        return vector if vector.size else None
+    def shared_part(self, arrays: Arrays) -> Arrays:
+        return head_of(arrays)
 
     def initial_generator(self, node: NodeInfo) -> Generator:
         """The generator before any training, seeded by the run's seed."""
@@ -146,20 +141,15 @@ class FedGen(HeteroStrategy):
         counts [C])``; a label nobody has gets zeros (it is never drawn)."""
         counts = np.stack([u.arrays[LABEL_COUNTS].astype(np.float64) for u in uploads])
         alpha = label_weights(counts)
-        like = self.global_arrays
-        num_classes, d = like[WEIGHT].shape
+        num_classes, d = self.global_arrays[WEIGHT].shape
         w = np.zeros((num_classes, num_classes, d), np.float32)
         b = np.zeros((num_classes, num_classes), np.float32)
         for c in range(num_classes):
             holders = [k for k in range(len(uploads)) if alpha[k, c] > 0]
             if not holders:
                 continue
-            combined = robust_mean(
-                [head_of(uploads[k].arrays) for k in holders],
-                [float(alpha[k, c]) for k in holders],
-                head_of(like),
-                self.robust_aggregate,
-                self.robust_trim,
+            combined = self.mean_of(
+                [uploads[k] for k in holders], [float(alpha[k, c]) for k in holders]
             )
             w[c], b[c] = combined[WEIGHT], combined[BIAS]
         return torch.from_numpy(w), torch.from_numpy(b), counts.sum(0)
@@ -167,13 +157,7 @@ class FedGen(HeteroStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> Arrays | None:
         phases = Phases()
         with phases("head-mean"):
-            head = robust_mean(
-                [head_of(u.arrays) for u in uploads],
-                [u.weight for u in uploads],
-                head_of(self.global_arrays),
-                self.robust_aggregate,
-                self.robust_trim,
-            )
+            head = self.mean_of(uploads)
         with phases("generator"):
             weights, biases, pooled = self.teacher(uploads)
             gen = self.current_generator(uploads[0].node)
