@@ -24,3 +24,15 @@ def _task_identity() -> None:
     TaskIdentity.task_id = 1
     TaskIdentity.run_id = 1
     TaskIdentity.node_id = 0
+
+
+RAY_MODULES = {"test_e2e_simulation", "test_ray_cluster", "test_preflight", "test_cleanup"}
+"""Modules that start Ray (a `flwr run` simulation or a Ray cluster): under `pytest -n`
+(`test.sh --all`) one worker runs them one after another, so that no simulation meets
+another's Ray instance."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -20,7 +20,7 @@ import pytest
 from cli.launch import descendants
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # timings: run alone (test.sh --all)
 
 SCRIPT = """
 import sys

@@ -93,6 +93,7 @@ def _round_trip(sock: socket.socket, payload: bytes = b"x") -> float:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_a_request_and_its_answer_take_twice_the_one_way_delay(echo: _Server) -> None:
     """One request/response round trip over a link of delay d each way takes 2d; a
     new connection's first one also pays the TCP handshake (another 2d)."""
@@ -114,6 +115,7 @@ def test_a_request_and_its_answer_take_twice_the_one_way_delay(echo: _Server) ->
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_without_a_link_the_proxy_adds_next_to_nothing(echo: _Server) -> None:
     proxy = _proxy(echo, Link())
     try:
@@ -127,6 +129,7 @@ def test_without_a_link_the_proxy_adds_next_to_nothing(echo: _Server) -> None:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 @pytest.mark.parametrize("delay_ms", [0.0, 100.0])
 def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: float) -> None:
     """3 MB up at 24 Mbit/s take 1 s, plus the delays: the link is a pipeline, so a
@@ -156,6 +159,7 @@ def test_a_transfer_takes_its_bytes_over_the_rate_whatever_the_delay(delay_ms: f
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_the_connections_of_one_node_share_its_rate() -> None:
     """Two connections sending 1.5 MB each at once over a 24 Mbit/s link: 1 s for
     both (one link), not 0.5 s (a rate per connection)."""

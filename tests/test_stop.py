@@ -19,7 +19,7 @@ from cli.federation import CONNECTION, Federation
 from tests.federation_support import marked_app, run_overrides, task_children, training_child
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # timings: run alone (test.sh --all)
 NODES = 2
 STOP_WITHIN_S = 10.0
 """How long a stopped run's task children may live on after ``flwr stop``."""

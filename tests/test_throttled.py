@@ -14,7 +14,7 @@ import pytest
 from benchmarks.cgroups import own_groups
 from benchmarks.throttled import CHECK_ROWS, Row, cgroup_unavailable, measure, table
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # timings: run alone (test.sh --all)
 
 QUOTA = 0.25
 """A quarter of a core: the node's group also gets raised ``cpu.shares``, so it keeps

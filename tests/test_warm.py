@@ -92,6 +92,7 @@ class SlowGrid:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
     inner = SlowGrid([0, 1, 0, 2])
     msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(3)]
@@ -102,6 +103,7 @@ def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_polling_grid_stops_at_the_timeout() -> None:
     inner = SlowGrid([])
     msgs = [Message(RecordDict(), dst_node_id=1, message_type="train.x")]
@@ -143,6 +145,7 @@ class TimedGrid(SlowGrid):
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 @pytest.mark.parametrize("mode", ["informed", "fixed"])
 def test_informed_reply_polls_wait_for_the_phase_they_learnt(mode: str) -> None:
     """The second phase of a kind polls a few times before its replies are due (fixed:
@@ -615,6 +618,7 @@ class _TaskState:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_node_holds_a_task_request_until_a_message_arrives() -> None:
     import threading
     import time as pytime
@@ -918,6 +922,7 @@ class _Beat:
 
 
 @pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
+@pytest.mark.serial  # ... and alone (test.sh --all)
 def test_a_child_that_died_before_its_reply_is_reported_failed_at_once() -> None:
     """A child killed while its task runs (it never set ``finishing``) is reported to
     the node as failed as soon as it is collected; one that reported its end, or that
