@@ -275,7 +275,12 @@ def main() -> None:
     parser.add_argument("--ramp-s", type=float, default=0.01, help="between two node starts")
     args = parser.parse_args()
 
-    from cli.supernode import load_aware_heartbeats, patient_heartbeats, switch
+    from cli.supernode import (
+        keep_alive_clients,
+        load_aware_heartbeats,
+        patient_heartbeats,
+        switch,
+    )
     from common import flower_gate
     from common.flower_runtime import concurrent_objects, object_concurrency
 
@@ -284,6 +289,8 @@ def main() -> None:
     args.load_aware = switch("FEDHET_LOAD_AWARE") and flower_gate.use("load-aware-idle")
     if args.load_aware:
         load_aware_heartbeats()  # one view of the SuperLink's load for the process's nodes
+    if flower_gate.use("warm-connections"):  # the keep-alive a SuperLink names
+        keep_alive_clients()
     count = object_concurrency()
     if flower_gate.use("node-objects") and count is not None:
         concurrent_objects(

@@ -29,6 +29,7 @@ import importlib
 import inspect
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -87,9 +88,14 @@ WARM_MARGIN_S = 0.5
 trip) before the SuperLink closes it, and opens the connections its next message
 needs this long (plus three round trips) before the message is due."""
 KEEPALIVE_S = 5.0
-"""How long the SuperLink keeps an idle connection after its last answer: uvicorn's
-``timeout_keep_alive`` default (Flower's SuperLink sets none), which is also the
-keep-alive expiry of the node's HTTP client (httpx's default)."""
+"""How long the SuperLink keeps an idle connection after its last answer, unless its
+answers say otherwise (:func:`keep_alive_of`): uvicorn's ``timeout_keep_alive``
+default (Flower's SuperLink sets none), which is also the keep-alive expiry of the
+node's HTTP client (httpx's default). ``fedhet superlink`` keeps them 60 s and says
+so."""
+KEEPALIVE_MAX_S = 300.0
+"""A node reuses an idle connection at most this long, whatever the SuperLink says (a
+middlebox may drop an idle TCP connection)."""
 FRESH_MAX_S = 60.0
 """A connection opened ahead and unused this long is closed, not counted (an idle
 TCP connection may have been dropped by a middlebox without a word)."""
@@ -103,6 +109,66 @@ HTTPCORE_INTERNALS = (
 httpx over httpcore): a pool's ``_connections``, ``_optional_thread_lock`` and
 ``_keepalive_expiry``, a connection's ``_connection`` and ``_connect``, an HTTP/1.1
 connection's ``_state`` and ``_expire_at``; a test checks them."""
+
+
+def keep_alive_of(response: Any) -> float | None:
+    """The seconds a server keeps an idle connection, from its answer's
+    ``Keep-Alive: timeout=N`` header (None: no such header)."""
+    text = response.headers.get("keep-alive", "")
+    match = re.search(r"(?:^|[\s,;])timeout\s*=\s*(\d+(?:\.\d+)?)", text, re.IGNORECASE)
+    return float(match.group(1)) if match else None
+
+
+def follow_keep_alive(client: Any, learn: Callable[[float], None]) -> None:
+    """``learn(seconds)`` whenever an answer to ``client`` (an ``httpx.Client``) names
+    another keep-alive than the last one (:data:`KEEPALIVE_S` at first), capped at
+    :data:`KEEPALIVE_MAX_S`."""
+    known = [KEEPALIVE_S]
+
+    def hook(response: Any) -> None:
+        value = keep_alive_of(response)
+        if value is not None:
+            value = min(value, KEEPALIVE_MAX_S)
+            if value != known[0]:
+                known[0] = value
+                learn(value)
+
+    hooks = dict(client.event_hooks)
+    hooks["response"] = [*hooks.get("response", ()), hook]
+    client.event_hooks = hooks
+
+
+def set_pool_expiry(pool: Any, expiry: float) -> None:
+    """An httpcore pool (None: nothing) and its connections reuse an idle connection
+    for ``expiry`` seconds."""
+    if pool is None:
+        return
+    pool._keepalive_expiry = expiry  # connections made from now on
+    with pool._optional_thread_lock:
+        for conn in pool._connections:
+            inner = getattr(conn, "_connection", None)
+            if inner is not None and hasattr(inner, "_keepalive_expiry"):
+                inner._keepalive_expiry = expiry
+
+
+def keep_alive_clients() -> None:
+    """Every Fleet API client made from now on reuses an idle connection for the
+    keep-alive the SuperLink names, less twice :data:`WARM_MARGIN_S` (for nodes
+    without :class:`WarmConnections`: the fleet emulator's)."""
+    module = importlib.import_module(FLEET_CONNECTION)
+    base = flower_internal(FLEET_CONNECTION, "FleetHttpClient")
+
+    class Following(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            transport = getattr(self._client, "_transport", None)
+            pool = getattr(transport, "_pool", None)
+            follow_keep_alive(
+                self._client,
+                lambda s: set_pool_expiry(pool, max(WARM_MARGIN_S, s - 2 * WARM_MARGIN_S)),
+            )
+
+    replace(module, "FleetHttpClient", Following)
 
 
 class WarmConnections:
@@ -141,6 +207,8 @@ class WarmConnections:
         """Objects the node's last reply pushed (at most :attr:`limit`)."""
         self.opened = 0
         """Connections opened ahead so far."""
+        self.keepalive = KEEPALIVE_S
+        """How long the SuperLink keeps an idle connection (its answers' header)."""
         self._opening = 0
         self._rtts: list[float] = []
         self._lock = threading.Lock()
@@ -148,6 +216,12 @@ class WarmConnections:
     def attach(self, client: Any, base_url: str) -> None:
         """The node's HTTP client (Flower's ``ProtobufClient._client``) and URL."""
         self.client, self.url = client, base_url
+        follow_keep_alive(client, self.learn_keepalive)
+        self._set_expiry()
+
+    def learn_keepalive(self, seconds: float) -> None:
+        """The SuperLink keeps an idle connection ``seconds`` (:func:`keep_alive_of`)."""
+        self.keepalive = seconds
         self._set_expiry()
 
     def note_rtt(self, seconds: float) -> None:
@@ -235,27 +309,19 @@ class WarmConnections:
                 self._opening -= 1
 
     def expiry(self) -> float:
-        """How long the node reuses an idle connection: :data:`KEEPALIVE_S` less a
-        round trip and :data:`WARM_MARGIN_S`, so that a request on it reaches the
-        SuperLink before the SuperLink closes it (on a connection the SuperLink had
-        closed meanwhile a request fails, and Flower sends it again after a backoff)."""
-        return max(WARM_MARGIN_S, KEEPALIVE_S - WARM_MARGIN_S - self.rtt())
+        """How long the node reuses an idle connection: the SuperLink's keep-alive
+        (:attr:`keepalive`) less a round trip and :data:`WARM_MARGIN_S`, so that a
+        request on it reaches the SuperLink before the SuperLink closes it (on a
+        connection the SuperLink had closed meanwhile a request fails, and Flower sends
+        it again after a backoff)."""
+        return max(WARM_MARGIN_S, self.keepalive - WARM_MARGIN_S - self.rtt())
 
     def rtt(self) -> float:
         """The shortest request seen (its round trip and the SuperLink's answer)."""
         return min(self._rtts) if self._rtts else 0.0
 
     def _set_expiry(self) -> None:
-        pool = self._pool()
-        if pool is None:
-            return
-        expiry = self.expiry()
-        pool._keepalive_expiry = expiry  # connections made from now on
-        with pool._optional_thread_lock:
-            for conn in pool._connections:
-                inner = getattr(conn, "_connection", None)
-                if inner is not None and hasattr(inner, "_keepalive_expiry"):
-                    inner._keepalive_expiry = expiry
+        set_pool_expiry(self._pool(), self.expiry())
 
     def counting(self, pull: Callable[..., Any], push: Callable[..., Any]) -> tuple[Any, Any]:
         """Flower's ``pull_objects`` and ``push_object_contents_from_iterable`` that

@@ -272,6 +272,34 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-whole-messages",
+        "with superlink-node-index, a node's poll returns a message only once all its "
+        "objects are on the SuperLink (Flower: as soon as the ServerApp registered it, "
+        "so nodes ask for objects the ServerApp has not pushed yet)",
+        (
+            f"{MEMORY_STATE}:InMemoryLinkState.__init__",
+            "flwr.supercore.object_store.in_memory_object_store:InMemoryObjectStore",
+            "flwr.supercore.object_store.object_store:NoObjectInStoreError",
+            "flwr.supercore.inflatable.inflatable_object:iterate_object_tree",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+        ),
+        "nodes get a message before its objects and ask again for the missing ones",
+        "superlink",
+    ),
+    Part(
+        "superlink-keep-alive",
+        "the SuperLink keeps an idle connection 60 s (FEDHET_KEEPALIVE_S) and names it in "
+        "a Keep-Alive header that fedhet supernode follows (Flower: uvicorn's 5 s, so a "
+        "node's idle polls and heartbeats each open a TCP and TLS connection)",
+        (
+            "flwr.superlink.cli.flower_superlink:_run_superlink_http_api",
+            "flwr.superlink.main:_get_middleware",
+            "flwr.superlink.main:create_app",
+        ),
+        "uvicorn's 5 s keep-alive",
+        "superlink",
+    ),
+    Part(
         "server-objects",
         "the ServerApp moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
         (
@@ -497,7 +525,7 @@ def main(argv: list[str]) -> int:
     print(f"flwr {flower_version()}")
     for row in rows:
         state = f"fits ({row.version})" if row.fits else f"OFF: {row.line()}"
-        print(f"  {row.part.name:20s} {row.part.where:11s} {state}")
+        print(f"  {row.part.name:24s} {row.part.where:11s} {state}")
     return 1 if any(not r.fits and r.part.fallback is None for r in rows) else 0
 
 

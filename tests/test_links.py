@@ -399,6 +399,8 @@ class _CountingHttp:
         self.connections = 0
         self.requests = 0
         self.barrier: threading.Barrier | None = None
+        self.keep_alive: str | None = None
+        """A ``Keep-Alive`` header to send with each answer (None: none)."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -415,6 +417,8 @@ class _CountingHttp:
                     server.barrier.wait()
                 self.send_response(200)
                 self.send_header("content-length", "2")
+                if server.keep_alive is not None:
+                    self.send_header("keep-alive", server.keep_alive)
                 self.end_headers()
                 self.wfile.write(b"ok")
 
@@ -511,6 +515,61 @@ def test_a_tls_connection_opened_ahead_is_kept_by_the_pool(tmp_path: Path) -> No
             assert server.connections == 2  # the requests took the connections opened ahead
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("timeout=60", 60.0),
+        ("timeout=60, max=1000", 60.0),
+        ("max=5,timeout = 12.5", 12.5),
+        ("Timeout=60", 60.0),  # parameter names are case-insensitive (RFC 9110 5.6.6)
+        ("xtimeout=60", None),
+        ("max=100", None),
+        ("", None),
+        ("timeout=abc", None),
+    ],
+)
+def test_the_keep_alive_header_is_read(header: str, seconds: float | None) -> None:
+    from cli.supernode import keep_alive_of
+
+    class Answer:
+        headers = {"keep-alive": header} if header else {}
+
+    assert keep_alive_of(Answer()) == seconds
+
+
+def test_a_node_follows_the_keep_alive_its_superlink_names(
+    counting_http: _CountingHttp,
+) -> None:
+    """fedhet superlink names its keep-alive in each answer: the node reuses an idle
+    connection for it less a margin and a round trip (capped at KEEPALIVE_MAX_S), from
+    the answer that names it on; an answer without the header changes nothing."""
+    import httpx
+
+    from cli.supernode import KEEPALIVE_MAX_S, KEEPALIVE_S, WARM_MARGIN_S, WarmConnections
+
+    warm = WarmConnections(limit=4)
+    with httpx.Client() as client:
+        warm.attach(client, counting_http.url)
+        client.post(counting_http.url)
+        assert warm.keepalive == KEEPALIVE_S
+        counting_http.keep_alive = "timeout=60"
+        before = time.monotonic()
+        client.post(counting_http.url)
+        after = time.monotonic()
+        assert warm.keepalive == 60.0
+        assert warm.expiry() == pytest.approx(60.0 - WARM_MARGIN_S - warm.rtt())
+        (conn,) = client._transport._pool._connections  # the same connection, reused
+        expire_at = conn._connection._expire_at
+        assert before + warm.expiry() - 1e-6 <= expire_at <= after + warm.expiry() + 1e-6
+        counting_http.keep_alive = None
+        client.post(counting_http.url)
+        assert warm.keepalive == 60.0
+        counting_http.keep_alive = "timeout=100000"
+        client.post(counting_http.url)
+        assert warm.keepalive == KEEPALIVE_MAX_S
+    assert counting_http.connections == 1
 
 
 def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(

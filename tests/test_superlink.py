@@ -182,3 +182,95 @@ def test_expired_messages_are_removed_by_their_nodes_poll_and_by_the_sweep(
     swept = sl.indexed_get_message_ins(type(ours).get_message_ins)
     assert swept(ours, nodes[3], 1) == []
     assert len(ours.message_ins_store) == 0 and not ours.message_ins_store.by_node
+
+
+def test_a_message_is_returned_only_once_all_its_objects_are_on_the_superlink(
+    states: Any,
+) -> None:
+    """Part superlink-whole-messages: a message whose objects the ServerApp has
+    registered but not all pushed is not returned (nor marked delivered); the node's
+    next whole message is; once the last object arrives, the held one is."""
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+
+    _, ours, _, nodes, run_id = states
+    whole_only = sl.indexed_get_message_ins(type(ours).get_message_ins, whole_only=True)
+    first, second = list(sl.NodeIndexed(ours.message_ins_store).of(nodes[0]))[:2]
+    held = ours.message_ins_store[first]
+    store = ours.object_store
+    store.preregister(run_id, get_object_tree(held))
+    objects = get_all_nested_objects(held)
+    assert len(objects) >= 2
+    *early, last = objects.items()
+    for object_id, obj in early:
+        store.put(object_id, obj.deflate())
+    assert not sl.whole(store, first) and sl.whole(store, second)
+    assert ids(whole_only(ours, nodes[0], 1)) == [second]
+    assert held.metadata.delivered_at == ""
+    store.put(last[0], last[1].deflate())
+    assert sl.whole(store, first)
+    assert ids(whole_only(ours, nodes[0], 1)) == [first]
+    assert held.metadata.delivered_at != ""
+
+
+# ------------------------------------------------------------------ keep-alive
+def test_every_http_answer_names_the_keep_alive() -> None:
+    sent: list[dict] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"1")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    wrapped = sl.KeepAliveHeader(app, 60)
+    asyncio.run(wrapped({"type": "http", "path": "/v1/fleet/x"}, None, send))
+    start, body = sent
+    assert start["headers"] == [(b"a", b"1"), (b"keep-alive", b"timeout=60")]
+    assert body == {"type": "http.response.body", "body": b"ok"}
+    sent.clear()
+    asyncio.run(wrapped({"type": "lifespan"}, None, send))  # not HTTP: untouched
+    assert sent[0]["headers"] == [(b"a", b"1")]
+
+
+def test_the_superlink_keeps_idle_connections_as_long_as_it_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Part superlink-keep-alive: uvicorn gets ``timeout_keep_alive`` (unless Flower
+    passes one) and the header middleware is the outermost, before Flower's stack
+    (scoped or not)."""
+    import flwr.superlink.main as main
+    import uvicorn
+
+    from common import flower_gate as gate
+
+    runs: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: runs.append(kw))
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    for module in (uvicorn, main):  # what gate.replace keeps, as it was after the test
+        monkeypatch.setitem(
+            module.__dict__, gate.ORIGINALS, dict(getattr(module, gate.ORIGINALS, {}))
+        )
+    sl.keep_alive(42)
+    uvicorn.run(app=None)
+    uvicorn.run(app=None, timeout_keep_alive=7)
+    assert [r.get("timeout_keep_alive") for r in runs] == [42, 7]
+    first, *rest = main._get_middleware()
+    assert first.cls is sl.KeepAliveHeader and first.args == (42,)
+    assert [m.cls for m in rest] == [m.cls for m in gate.original(main, "_get_middleware")()]
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "1.5", "soon", "3601"])
+def test_a_bad_keep_alive_is_refused_naming_the_variable(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEDHET_KEEPALIVE_S", text)
+    with pytest.raises(SystemExit, match=f"FEDHET_KEEPALIVE_S={text!r}: give whole seconds"):
+        sl.keep_alive_s()
+    monkeypatch.setenv("FEDHET_KEEPALIVE_S", " 30 ")
+    assert sl.keep_alive_s() == 30
+    monkeypatch.delenv("FEDHET_KEEPALIVE_S")
+    assert sl.keep_alive_s() == sl.KEEPALIVE_S
