@@ -192,7 +192,7 @@ class EmulatedFederation(CountingFederation):
         return self.workdir / "logs" / f"emulator-{p}.json"
 
     def emulator_stats(self) -> dict[str, Any]:
-        total: dict[str, Any] = {"handled": {}, "errors": [], "online": 0}
+        total: dict[str, Any] = {"handled": {}, "errors": [], "online": 0, "connections": 0}
         for path in sorted((self.workdir / "logs").glob("emulator-*.json")):
             with contextlib.suppress(OSError, ValueError):
                 data = json.loads(path.read_text())
@@ -200,6 +200,7 @@ class EmulatedFederation(CountingFederation):
                     total["handled"][k] = total["handled"].get(k, 0) + v
                 total["errors"] += data["errors"]
                 total["online"] += data["online"]
+                total["connections"] += data.get("connections", 0)
         return total
 
 
@@ -302,6 +303,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     node_rounds = n * args.rounds
     row["server-cpu-s-per-node-round"] = row["server-cpu-s"] / node_rounds
     row["requests-per-node-round"] = sum(row["requests"].values()) / node_rounds
+    if not args.real:  # connections the emulated nodes opened, each a TCP + TLS handshake
+        row["node-connections-per-node-round"] = emulated["connections"] / node_rounds
     row["requests-per-node-round-by-kind"] = {
         k: v / node_rounds for k, v in row["requests"].items()
     }
@@ -361,7 +364,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fedhet-fleet-load-") as tmp:
             row = measure(args, Path(tmp))
     rows = json.loads(args.out.read_text()) if args.out.exists() else []
-    rows.append({**row, "date": time.strftime("%Y-%m-%d %H:%M")})
+    parts_off = os.environ.get("FEDHET_FLOWER_PARTS_OFF", "")
+    rows.append({**row, "parts-off": parts_off, "date": time.strftime("%Y-%m-%d %H:%M")})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     show = {k: v for k, v in row.items() if k not in ("cpu-s", "requests", "emulator-errors")}

@@ -122,7 +122,18 @@ def build_reply(
 class Stats:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.data: dict[str, Any] = {"handled": {}, "errors": [], "online": 0, "connect-s": []}
+        self.data: dict[str, Any] = {
+            "handled": {},
+            "errors": [],
+            "online": 0,
+            "connect-s": [],
+            "connections": 0,
+        }
+
+    def connection(self) -> None:
+        """A node opened a connection to the SuperLink (TCP, then TLS)."""
+        with self.lock:
+            self.data["connections"] += 1
 
     def add(self, kind: str) -> None:
         with self.lock:
@@ -298,6 +309,7 @@ def main() -> None:
         )
     templates = json.loads(Path(args.templates).read_text())
     stats, path = Stats(), Path(args.stats)
+    count_connections(stats)
     for index in range(args.first, args.first + args.count):
         threading.Thread(
             target=_guarded, args=(args, index, templates, stats), daemon=True, name=f"node-{index}"
@@ -306,6 +318,20 @@ def main() -> None:
     while True:
         stats.write(path)
         time.sleep(1.0)
+
+
+def count_connections(stats: Stats) -> None:
+    """Count every connection this process's nodes open (httpcore's pool makes each)."""
+    import httpcore
+
+    pool = httpcore.ConnectionPool
+    make = pool.create_connection
+
+    def counted(self: Any, origin: Any) -> Any:
+        stats.connection()
+        return make(self, origin)
+
+    pool.create_connection = counted  # type: ignore[method-assign]
 
 
 def _guarded(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:

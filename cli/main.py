@@ -625,10 +625,12 @@ executor's requests at once."""
 SUPERLINK_HELP = """Run Flower's SuperLink for large fleets (takes `flower-superlink`'s flags).
 
 Flower's Control API middlewares run only on Control API requests (a node's or the
-ServerApp's request skips them), and with the state in memory a node's poll looks only
-at its own messages (Flower checks every stored message on every poll). Each change
-falls back to Flower's own behaviour, with one warning line, on a Flower it was not
-checked against (`python -m common.flower_gate`)."""
+ServerApp's request skips them); with the state in memory a node's poll looks only at
+its own messages (Flower checks every stored message on every poll) and gets a message
+only once all its objects are there; idle connections are kept 60 s
+(`FEDHET_KEEPALIVE_S`; Flower: 5 s) and every answer says so (`Keep-Alive`), which
+`fedhet supernode` follows. Each change falls back to Flower's own behaviour, with one
+warning line, on a Flower it was not checked against (`python -m common.flower_gate`)."""
 
 
 @app.command(context_settings=PASS_THROUGH, help=SUPERLINK_HELP)
