@@ -119,23 +119,64 @@ def keep_alive_of(response: Any) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def follow_keep_alive(client: Any, learn: Callable[[float], None]) -> None:
-    """``learn(seconds)`` whenever an answer to ``client`` (an ``httpx.Client``) names
-    another keep-alive than the last one (:data:`KEEPALIVE_S` at first), capped at
-    :data:`KEEPALIVE_MAX_S`."""
-    known = [KEEPALIVE_S]
+PULL_PATH = "/v1/fleet/pull-messages"
+HOLD_MAX_S = 60.0
+"""The longest hold a node asks for, whatever its SuperLink offers."""
+HELD = threading.local()
+"""Per node thread: how long the SuperLink held this thread's last poll (``seconds``)."""
 
-    def hook(response: Any) -> None:
+
+def held_s() -> float:
+    """Seconds the SuperLink held this thread's last poll (0: not held)."""
+    return float(getattr(HELD, "seconds", 0.0))
+
+
+def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | None = None) -> None:
+    """Follow what the SuperLink's answers to ``client`` (an ``httpx.Client``) name:
+    ``learn(seconds)`` whenever its keep-alive changes (:data:`KEEPALIVE_S` at first,
+    capped at :data:`KEEPALIVE_MAX_S`); and, once it names how long it holds an empty
+    poll (``x-fedhet-holds``, ``fedhet superlink``), each poll asks for that hold
+    (``x-fedhet-hold``, at most :data:`HOLD_MAX_S`; ``hold`` False or
+    ``FEDHET_HELD_PULLS=0``: never) with its read timeout longer by as much, and
+    :func:`held_s` says how long the poll was held (``x-fedhet-held``)."""
+    known = {"keepalive": KEEPALIVE_S, "holds": 0.0}
+    asking = switch("FEDHET_HELD_PULLS") if hold is None else hold
+
+    def on_response(response: Any) -> None:
         value = keep_alive_of(response)
         if value is not None:
             value = min(value, KEEPALIVE_MAX_S)
-            if value != known[0]:
-                known[0] = value
+            if value != known["keepalive"]:
+                known["keepalive"] = value
                 learn(value)
+        holds = number(response.headers.get("x-fedhet-holds"))
+        if holds is not None:
+            known["holds"] = min(holds, HOLD_MAX_S)
+        if response.request.url.path == PULL_PATH:
+            HELD.seconds = number(response.headers.get("x-fedhet-held")) or 0.0
+
+    def on_request(request: Any) -> None:
+        if request.url.path == PULL_PATH:
+            HELD.seconds = 0.0
+            if asking and known["holds"] > 0:
+                request.headers["x-fedhet-hold"] = f"{known['holds']:g}"
+                timeout = dict(request.extensions.get("timeout") or {})
+                timeout["read"] = (timeout.get("read") or 30.0) + known["holds"]
+                request.extensions["timeout"] = timeout
 
     hooks = dict(client.event_hooks)
-    hooks["response"] = [*hooks.get("response", ()), hook]
+    hooks["request"] = [*hooks.get("request", ()), on_request]
+    hooks["response"] = [*hooks.get("response", ()), on_response]
     client.event_hooks = hooks
+
+
+def number(text: str | None) -> float | None:
+    """A header's non-negative finite number (None: absent or not one)."""
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value < float("inf") else None
 
 
 def set_pool_expiry(pool: Any, expiry: float) -> None:
@@ -163,7 +204,7 @@ def keep_alive_clients() -> None:
             super().__init__(*args, **kwargs)
             transport = getattr(self._client, "_transport", None)
             pool = getattr(transport, "_pool", None)
-            follow_keep_alive(
+            follow_superlink(
                 self._client,
                 lambda s: set_pool_expiry(pool, max(WARM_MARGIN_S, s - 2 * WARM_MARGIN_S)),
             )
@@ -216,7 +257,7 @@ class WarmConnections:
     def attach(self, client: Any, base_url: str) -> None:
         """The node's HTTP client (Flower's ``ProtobufClient._client``) and URL."""
         self.client, self.url = client, base_url
-        follow_keep_alive(client, self.learn_keepalive)
+        follow_superlink(client, self.learn_keepalive)
         self._set_expiry()
 
     def learn_keepalive(self, seconds: float) -> None:
@@ -401,6 +442,7 @@ class PacedSleep(types.ModuleType):
         wait = informed_interval(self._poll, since, expected, self._cap)
         if self.load is not None:
             wait *= self.load.slowdown()
+        wait = max(0.0, wait - held_s())  # a held poll waited on the SuperLink
         if self.before_idle is not None and (expected is None or since <= 2 * expected):
             self.before_idle(wait, None if expected is None else LEAD * expected - since)
         return wait
@@ -759,8 +801,8 @@ class RunWatch:
         def receive_and_note() -> Any:
             start = time.monotonic()
             got = receive_again(receive)
-            if self._on_receive_s is not None:
-                self._on_receive_s(time.monotonic() - start)
+            if self._on_receive_s is not None:  # its answer's time, not its hold
+                self._on_receive_s(max(0.0, time.monotonic() - start - held_s()))
             if got is not None:
                 self.message = got[0]
                 received.append(got[0].metadata.message_id)

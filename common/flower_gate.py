@@ -300,6 +300,21 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-held-pulls",
+        "with superlink-node-index, a node's empty poll is held until a whole message "
+        "for it is there (up to 20 s; fedhet supernode asks for it), then answered by "
+        "Flower's handler (Flower: answered at once, the node polls again)",
+        (
+            "flwr.superlink.routers.fleet.router:fleet_pull_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+            "flwr.proto.fleet_pb2:PullMessagesRequest",
+            "flwr.proto.fleet_pb2:PullMessagesResponse",
+            "flwr.superlink.main:_get_middleware",
+        ),
+        "polls answered at once",
+        "superlink",
+    ),
+    Part(
         "server-objects",
         "the ServerApp moves 16 objects at once, retried after 0.05 s (Flower: 2, 1 s)",
         (

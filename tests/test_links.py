@@ -18,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -401,6 +403,10 @@ class _CountingHttp:
         self.barrier: threading.Barrier | None = None
         self.keep_alive: str | None = None
         """A ``Keep-Alive`` header to send with each answer (None: none)."""
+        self.extra: dict[str, str] = {}
+        """More headers to send with each answer."""
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        """Each request's path and headers."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -413,12 +419,15 @@ class _CountingHttp:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 server.requests += 1
+                server.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 if server.barrier is not None:
                     server.barrier.wait()
                 self.send_response(200)
                 self.send_header("content-length", "2")
                 if server.keep_alive is not None:
                     self.send_header("keep-alive", server.keep_alive)
+                for name, value in server.extra.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(b"ok")
 
@@ -570,6 +579,64 @@ def test_a_node_follows_the_keep_alive_its_superlink_names(
         client.post(counting_http.url)
         assert warm.keepalive == KEEPALIVE_MAX_S
     assert counting_http.connections == 1
+
+
+@pytest.mark.parametrize("asking", [True, False])
+def test_a_node_asks_for_the_hold_its_superlink_offers_on_polls_only(
+    counting_http: _CountingHttp, asking: bool
+) -> None:
+    """Once an answer names ``x-fedhet-holds`` (fedhet superlink), each poll asks for
+    that hold (capped) with a read timeout longer by as much; other requests do not;
+    the poll's ``x-fedhet-held`` is what held_s() says (0 for a poll not held).
+    FEDHET_HELD_PULLS=0 (``asking`` False): no poll asks."""
+    import httpx
+
+    from cli.supernode import HOLD_MAX_S, PULL_PATH, follow_superlink, held_s
+
+    pulls = counting_http.url.rstrip("/") + PULL_PATH
+    timeouts: list[Any] = []
+    with httpx.Client(timeout=30.0) as client:
+        follow_superlink(client, lambda s: None, hold=asking)
+        client.event_hooks["request"].append(lambda r: timeouts.append(r.extensions["timeout"]))
+        client.post(pulls)  # nothing offered yet
+        counting_http.extra = {"x-fedhet-holds": "20", "x-fedhet-held": "12.5"}
+        client.post(counting_http.url + "/v1/fleet/push-messages")  # learns the offer
+        client.post(pulls)
+        held_after_poll = held_s()
+        counting_http.extra = {"x-fedhet-holds": "999"}
+        client.post(pulls)
+        client.post(pulls)
+        held_after_unheld = held_s()
+    asked = [h.get("x-fedhet-hold") for _, h in counting_http.seen]
+    if asking:
+        assert asked == [None, None, "20", "20", f"{HOLD_MAX_S:g}"]
+        assert [t["read"] for t in timeouts] == [30.0, 30.0, 50.0, 50.0, 30.0 + HOLD_MAX_S]
+    else:
+        assert asked == [None] * 5
+        assert [t["read"] for t in timeouts] == [30.0] * 5
+    assert held_after_poll == 12.5 and held_after_unheld == 0.0
+
+
+def test_a_held_poll_is_neither_a_slow_answer_nor_a_wait_still_to_make() -> None:
+    """The time the SuperLink held a poll is not counted as its answer's delay (the
+    load view, the round trip) and is taken off the node's next idle wait."""
+    from cli import supernode as sn
+
+    class Clock(types.ModuleType):
+        def __init__(self) -> None:
+            super().__init__("time")
+            self.t = 1000.0
+
+        def monotonic(self) -> float:
+            return self.t
+
+    clock = Clock()
+    paced = sn.PacedSleep(clock, 0.05, cap=10.0)  # type: ignore[arg-type]
+    sn.HELD.seconds = 0.0
+    assert paced.wait_for(sn.FLOWER_IDLE_PULL_S) > 0
+    sn.HELD.seconds = 20.0
+    assert paced.wait_for(sn.FLOWER_IDLE_PULL_S) == 0.0
+    sn.HELD.seconds = 0.0
 
 
 def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(

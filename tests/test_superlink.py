@@ -274,3 +274,200 @@ def test_a_bad_keep_alive_is_refused_naming_the_variable(
     assert sl.keep_alive_s() == 30
     monkeypatch.delenv("FEDHET_KEEPALIVE_S")
     assert sl.keep_alive_s() == sl.KEEPALIVE_S
+
+
+# ------------------------------------------------------------------ held pulls
+class _Meta:
+    def __init__(self, node: int) -> None:
+        self.dst_node_id, self.delivered_at = node, ""
+
+
+class _Msg:
+    def __init__(self, node: int) -> None:
+        self.metadata = _Meta(node)
+
+
+class _Objects:
+    """An object store that knows message ``missing`` as not yet whole."""
+
+    def __init__(self) -> None:
+        self.missing: set[str] = set()
+
+    def get_object_tree(self, message_id: str) -> Any:
+        from flwr.proto.message_pb2 import ObjectTree
+        from flwr.supercore.object_store.object_store import NoObjectInStoreError
+
+        if message_id not in self.missing:
+            raise NoObjectInStoreError("unknown: whole for the hold")
+        return ObjectTree(object_id=message_id)
+
+    def get(self, object_id: str) -> bytes:
+        return b"" if object_id in self.missing else b"x"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.message_ins_store = sl.NodeIndexed()
+        self.object_store = _Objects()
+
+
+@pytest.fixture()
+def held(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh waiting room with one indexed state, and an app standing for Flower's
+    stack: it answers a poll of node 7 with the state's undelivered whole messages
+    (marking them delivered), counting its calls."""
+    from flwr.proto.fleet_pb2 import PullMessagesResponse
+
+    waiting = sl.Waiting()
+    monkeypatch.setattr(sl, "WAITING", waiting)
+    state = _State()
+    waiting.states.add(state)
+    calls: list[float] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        calls.append(time.monotonic())
+        await receive()
+        response = PullMessagesResponse()
+        for msg_id in list(state.message_ins_store.by_node.get(7, ())):
+            msg = state.message_ins_store[msg_id]
+            if msg.metadata.delivered_at == "" and sl.whole(state.object_store, msg_id):
+                msg.metadata.delivered_at = "now"
+                response.messages_list.add()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": response.SerializeToString()})
+
+    return state, app, calls
+
+
+def _poll(hold: str | None, path: str = sl.PULL_PATH) -> tuple[dict, bytes]:
+    from flwr.proto.fleet_pb2 import PullMessagesRequest
+
+    request = PullMessagesRequest()
+    request.node.node_id = 7
+    headers = [] if hold is None else [(b"x-fedhet-hold", hold.encode())]
+    scope = {"type": "http", "path": path, "headers": headers}
+    return scope, request.SerializeToString()
+
+
+async def _serve(
+    app: Any, scope: dict, body: bytes, events: list[dict] | None = None
+) -> list[dict]:
+    """Run the middleware on one request; ``events`` after the body (a disconnect)."""
+    sent: list[dict] = []
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    await queue.put({"type": "http.request", "body": body, "more_body": False})
+
+    async def receive() -> dict:
+        return await queue.get()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    task = asyncio.ensure_future(sl.HeldPulls(app, 5.0)(scope, receive, send))
+    for event in events or ():
+        await asyncio.sleep(0.05)
+        await queue.put(event)
+    await task
+    return sent
+
+
+def _messages(sent: list[dict]) -> int:
+    from flwr.proto.fleet_pb2 import PullMessagesResponse
+
+    return len(PullMessagesResponse.FromString(sent[1]["body"]).messages_list)
+
+
+def _headers(sent: list[dict]) -> dict[bytes, bytes]:
+    return dict(sent[0]["headers"])
+
+
+def test_a_held_poll_is_answered_when_its_message_is_stored(held: Any) -> None:
+    """Stored from another thread (as Flower's handlers do) while the poll is held:
+    Flower's stack is asked again and the message goes out, long before the hold
+    ends; the answer names the hold on offer and how long this one was held."""
+    state, app, calls = held
+
+    async def main() -> list[dict]:
+        scope, body = _poll("5")
+        serving = asyncio.ensure_future(_serve(app, scope, body))
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, state.message_ins_store.__setitem__, "m1", _Msg(7))
+        return await serving
+
+    sent = asyncio.run(main())
+    assert len(calls) == 2 and _messages(sent) == 1
+    headers = _headers(sent)
+    assert headers[b"x-fedhet-holds"] == b"5"
+    assert 0.1 <= float(headers[b"x-fedhet-held"]) < 5.0
+
+
+def test_a_held_poll_without_a_message_is_answered_empty_when_its_hold_ends(
+    held: Any,
+) -> None:
+    _, app, calls = held
+    scope, body = _poll("0.3")
+    sent = asyncio.run(_serve(app, scope, body))
+    assert len(calls) == 1 and _messages(sent) == 0
+    assert float(_headers(sent)[b"x-fedhet-held"]) >= 0.3
+
+
+def test_another_nodes_message_does_not_end_the_hold(held: Any) -> None:
+    state, app, calls = held
+
+    async def main() -> list[dict]:
+        scope, body = _poll("0.5")
+        serving = asyncio.ensure_future(_serve(app, scope, body))
+        await asyncio.sleep(0.1)
+        state.message_ins_store["other"] = _Msg(8)
+        return await serving
+
+    sent = asyncio.run(main())
+    assert len(calls) == 1 and _messages(sent) == 0
+
+
+def test_a_poll_that_does_not_ask_or_is_not_a_poll_is_not_held(held: Any) -> None:
+    _, app, calls = held
+    for scope, body in (_poll(None), _poll("5", path="/v1/fleet/push-messages")):
+        sent = asyncio.run(_serve(app, scope, body))
+        assert _headers(sent) == {b"x-fedhet-holds": b"5"}  # offered, not held
+    assert len(calls) == 2
+
+
+def test_a_message_whose_objects_are_on_their_way_waits_for_them(held: Any) -> None:
+    """Woken by a message the ServerApp has not pushed all objects of: the held poll
+    looks again until they are there (superlink-whole-messages), then delivers it."""
+    state, app, calls = held
+
+    async def main() -> list[dict]:
+        scope, body = _poll("5")
+        serving = asyncio.ensure_future(_serve(app, scope, body))
+        await asyncio.sleep(0.1)
+        state.object_store.missing.add("m1")
+        state.message_ins_store["m1"] = _Msg(7)
+        await asyncio.sleep(0.5)
+        assert not serving.done()
+        state.object_store.missing.clear()
+        return await serving
+
+    sent = asyncio.run(main())
+    assert _messages(sent) == 1 and len(calls) == 2
+
+
+def test_a_node_that_hung_up_is_not_given_its_message(held: Any) -> None:
+    """A node that hung up while held (its timeout, its end): the message stored after
+    stays undelivered for its next poll, and nothing is sent."""
+    state, app, calls = held
+
+    async def main() -> list[dict]:
+        scope, body = _poll("5")
+        serving = asyncio.ensure_future(
+            _serve(app, scope, body, events=[{"type": "http.disconnect"}])
+        )
+        await asyncio.sleep(0.2)
+        state.message_ins_store["m1"] = _Msg(7)
+        return await serving
+
+    sent = asyncio.run(main())
+    assert sent == [] and len(calls) == 1
+    assert state.message_ins_store["m1"].metadata.delivered_at == ""
