@@ -615,7 +615,10 @@ No wait is longer than {IDLE_POLL_S:g} s (`FEDHET_IDLE_POLL_S`; Flower waits
 {FLOWER_IDLE_PULL_S:g} s). While its task runs it looks for the reply every
 {SUPERNODE_POLL_S:g} s (Flower: {FLOWER_REPLY_WAIT_S:g} s), holds its executor's
 requests for a task until a message arrives (at most {TASK_HOLD_S:g} s), and asks every
-{STOP_CHECK_S:g} s whether the run was stopped (`flwr stop`).
+{STOP_CHECK_S:g} s whether the run was stopped (`flwr stop`). Against `fedhet superlink`,
+which offers it, an empty poll is held by the SuperLink until the node's message is
+there (up to 45 s) and the time held is taken off the node's next wait
+(`FEDHET_HELD_PULLS=0`: never asks).
 
 `FEDHET_NODE_POLL=fast`: polls every {SUPERNODE_POLL_S:g} s from each reply on, growing
 by {FAST_GROWTH:g} s per second waited up to {FLOWER_IDLE_PULL_S:g} s, and answers the
@@ -626,8 +629,10 @@ SUPERLINK_HELP = """Run Flower's SuperLink for large fleets (takes `flower-super
 
 Flower's Control API middlewares run only on Control API requests (a node's or the
 ServerApp's request skips them); with the state in memory a node's poll looks only at
-its own messages (Flower checks every stored message on every poll) and gets a message
-only once all its objects are there; idle connections are kept 60 s
+its own messages (Flower checks every stored message on every poll), gets a message
+only once all its objects are there, and a node's empty poll is held up to 45 s
+(`FEDHET_HOLD_S`) until its message is (`fedhet supernode` asks for it); idle
+connections are kept 60 s
 (`FEDHET_KEEPALIVE_S`; Flower: 5 s) and every answer says so (`Keep-Alive`), which
 `fedhet supernode` follows. Each change falls back to Flower's own behaviour, with one
 warning line, on a Flower it was not checked against (`python -m common.flower_gate`)."""

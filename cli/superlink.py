@@ -39,6 +39,7 @@ the code it was checked against:
   :data:`HOLD_S`) seconds and answered as soon as a whole message for it is there; the
   answer says how long it was held (``x-fedhet-held``). Without it a node polls
   ahead of its message and more often as it comes due: 10-13 polls per node-round.
+  ``FEDHET_HOLD_S`` (default :data:`HOLD_S`; 0: never hold).
 
 The SQLite state (``--database FILE``) finds a node's messages with one query and is
 left as Flower has it.
@@ -71,8 +72,10 @@ FLOWER_CLI = "flwr.superlink.cli.flower_superlink"
 KEEPALIVE_S = 60
 """How long the SuperLink keeps an idle connection (``FEDHET_KEEPALIVE_S``)."""
 KEEPALIVE_MAX_S = 3600
-HOLD_S = 20.0
-"""The longest a node's empty poll is held (below the node's 30 s request timeout)."""
+HOLD_S = 45.0
+"""The longest a node's empty poll is held (``FEDHET_HOLD_S``; the node's read timeout
+grows by as much), below the 60 s a reverse proxy commonly allows an answer."""
+HOLD_MAX_S = 120.0
 PULL_PATH = "/v1/fleet/pull-messages"
 FLEET_PB = "flwr.proto.fleet_pb2"
 RECHECK_S = (0.2, 2.0)
@@ -480,6 +483,21 @@ def keep_alive_s() -> int:
     return value
 
 
+def hold_s() -> float:
+    """``FEDHET_HOLD_S`` (seconds, 0 to :data:`HOLD_MAX_S`; 0: never hold), else
+    :data:`HOLD_S`."""
+    text = os.environ.get("FEDHET_HOLD_S", "").strip()
+    if not text:
+        return HOLD_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= HOLD_MAX_S:
+        raise SystemExit(f"FEDHET_HOLD_S={text!r}: give seconds from 0 (never) to {HOLD_MAX_S:g}")
+    return value
+
+
 class KeepAliveHeader:
     """An ASGI middleware that adds ``Keep-Alive: timeout=<seconds>`` to every HTTP
     answer (what the server does with an idle connection, RFC 9112 appendix C)."""
@@ -524,15 +542,15 @@ def keep_alive(seconds: int) -> None:
 def run_superlink(argv: list[str]) -> None:
     """Apply the parts that fit, then Flower's ``flower-superlink`` with ``argv``."""
     gate.use("superlink-entry")
-    seconds = keep_alive_s()  # a bad value stops here, before anything starts
+    seconds, hold = keep_alive_s(), hold_s()  # a bad value stops here, before anything starts
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()
     if gate.use("superlink-node-index"):
         indexed_message_pulls(gate.use("superlink-whole-messages"))
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
-    if gate.use("superlink-node-index") and gate.use("superlink-held-pulls"):
-        held_pulls()
+    if hold > 0 and gate.use("superlink-node-index") and gate.use("superlink-held-pulls"):
+        held_pulls(hold)
     sys.argv = ["flower-superlink", *argv]
     importlib.import_module("flwr.superlink.cli").flower_superlink()
 

@@ -120,7 +120,7 @@ def keep_alive_of(response: Any) -> float | None:
 
 
 PULL_PATH = "/v1/fleet/pull-messages"
-HOLD_MAX_S = 60.0
+HOLD_MAX_S = 120.0
 """The longest hold a node asks for, whatever its SuperLink offers."""
 HELD = threading.local()
 """Per node thread: how long the SuperLink held this thread's last poll (``seconds``)."""

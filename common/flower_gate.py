@@ -302,7 +302,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "superlink-held-pulls",
         "with superlink-node-index, a node's empty poll is held until a whole message "
-        "for it is there (up to 20 s; fedhet supernode asks for it), then answered by "
+        "for it is there (up to 45 s; fedhet supernode asks for it), then answered by "
         "Flower's handler (Flower: answered at once, the node polls again)",
         (
             "flwr.superlink.routers.fleet.router:fleet_pull_messages",

@@ -471,3 +471,16 @@ def test_a_node_that_hung_up_is_not_given_its_message(held: Any) -> None:
     sent = asyncio.run(main())
     assert sent == [] and len(calls) == 1
     assert state.message_ins_store["m1"].metadata.delivered_at == ""
+
+
+@pytest.mark.parametrize("text", ["-1", "121", "soon"])
+def test_a_bad_hold_is_refused_naming_the_variable(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEDHET_HOLD_S", text)
+    with pytest.raises(SystemExit, match=f"FEDHET_HOLD_S={text!r}: give seconds"):
+        sl.hold_s()
+    monkeypatch.setenv("FEDHET_HOLD_S", "0")
+    assert sl.hold_s() == 0.0
+    monkeypatch.delenv("FEDHET_HOLD_S")
+    assert sl.hold_s() == sl.HOLD_S
