@@ -269,6 +269,34 @@ class FedGenConfig(Section):
     1); 0 = none (then the method is LG-FedAvg with extra traffic)."""
 
 
+class FedL2GConfig(Section):
+    """``fedl2g.*``: the guide table's meta step on the clients and its SGD step on the
+    server (FedL2G-f, guiding vectors in the representation space)."""
+
+    server_lr: float = Field(0.01, gt=0)
+    """Learning rate of the server's SGD step on the guide table (HtFLlib's 0.01)."""
+    grad_clip: float = Field(100.0, ge=0)
+    """Bound on the Frobenius norm of the aggregated gradient table before the step
+    (HtFLlib's ``clip_grad_norm_`` at 100: the whole table's norm, not each value's or
+    row's); 0 = no clipping."""
+    study_batches: int = Field(1, ge=1)
+    """Training batches (of ``train.batch-size``) in the meta step's study loss, drawn
+    afresh each round from the client's training part (HtFLlib's 1)."""
+    quiz_batches: int = Field(1, ge=1)
+    """Batches of held-out quiz samples: ``quiz-batches`` × ``train.batch-size``
+    training samples of each client (at most half of them), drawn once per run and
+    node, never trained on (HtFLlib's 1)."""
+    warm_up_rounds: int = Field(0, ge=0)
+    """First rounds in which clients do not train, only take the meta step and upload
+    its gradient (HtFLlib's 50; 0 = none, the default: at the server's learning rate
+    the table barely moves in them, docs/algorithms.md)."""
+
+
+class FedL2GLConfig(FedL2GConfig):
+    """``fedl2gl.*``: the same settings for FedL2G-l, guiding vectors in the logit
+    space (a C × C table)."""
+
+
 class RobustConfig(Section):
     """``robust.*``: aggregation that a few extreme finite replies cannot steer."""
 
