@@ -344,7 +344,8 @@ class PrivacyConfig(Section):
 
     clip: float = Field(0.0, ge=0)
     """L2 bound of every uploaded representation vector (FedRE's entangled
-    representation, FedProto/FedGH/FedTGP prototypes); 0 = off."""
+    representation, FedProto/FedGH/FedTGP prototypes) and per-class row (FD's mean
+    logits, FedL2G's guide-gradient rows); 0 = off."""
     noise: float = Field(0.0, ge=0)
     """Gaussian noise added to each such vector: σ = noise × clip per element (seeded by
     seed, round and partition); 0 = none."""

@@ -100,7 +100,9 @@ def meta_gradient(
         total = torch.zeros((), device=g.device, dtype=g.dtype)
         for x, y in study:
             reps, logits = functional_call(outputs, p, (x,))
-            total = total + F.cross_entropy(logits, y) + guide_loss(guided(reps, logits, space), g, y)
+            total = (
+                total + F.cross_entropy(logits, y) + guide_loss(guided(reps, logits, space), g, y)
+            )
         return total / len(study)
 
     def quiz_loss(g: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from client_app.base import ClientRun, open_run
 from common import methods
 from common.messages import GUIDE, GUIDE_GRAD
 from common.records import to_numpy
-from models.guide import meta_gradient
+from models.guide import Space, meta_gradient
 from server_app.inprocess import client_context, run_inprocess
 from strategies.fedl2g import FedL2G
 from strategies.fedl2gl import FedL2GL
@@ -71,7 +71,7 @@ def _closed_form(a, b, bias, g, xs, ys, xq, yq, lr, space):  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("space", ["feature", "logit"])
-def test_the_meta_gradient_is_the_closed_form_of_a_linear_model(space: str) -> None:
+def test_the_meta_gradient_is_the_closed_form_of_a_linear_model(space: Space) -> None:
     rng = np.random.default_rng(0)
     k, d, c = 4, 3, 3
     a, b, bias = rng.normal(size=(d, k)), rng.normal(size=(c, d)), rng.normal(size=c)
@@ -80,9 +80,7 @@ def test_the_meta_gradient_is_the_closed_form_of_a_linear_model(space: str) -> N
     xq, yq = rng.normal(size=(4, k)), np.array([1, 0, 2, 1])
     model = Linear(*(torch.from_numpy(v) for v in (a, b, bias)))
     t = torch.from_numpy
-    got, quiz = meta_gradient(
-        model, t(g), [(t(xs), t(ys))], [(t(xq), t(yq))], 0.1, space  # type: ignore[arg-type]
-    )
+    got, quiz = meta_gradient(model, t(g), [(t(xs), t(ys))], [(t(xq), t(yq))], 0.1, space)
     want = _closed_form(a, b, bias, g, xs, ys, xq, yq, 0.1, space)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-14)
     assert not got[1].any() and got[0].abs().sum() > 0  # only the studied classes' rows
@@ -188,16 +186,24 @@ def test_malformed_or_extreme_uploads_are_refused_and_robust_rules_apply() -> No
     s.rejected = []
     wide = {k: v.astype(np.float64) for k, v in good[0].items()}
     huge = {k: 1000 * v for k, v in good[1].items()}
-    replies = [reply(10, wide, 20), reply(11, huge, 20), *(reply(12 + i, good[2], 20) for i in range(3))]
+    replies = [
+        reply(10, wide, 20),
+        reply(11, huge, 20),
+        *(reply(12 + i, good[2], 20) for i in range(3)),
+    ]
     s.aggregate_train(2, replies)
     assert sorted(nid for _, nid, _ in s.rejected) == [10, 11]
     # robust.aggregate = median: the per-class coordinate median of the rows
-    s = sized(strategy(FedL2G, nodes[:3], **{"robust.aggregate": "median"}), {10: 20, 11: 20, 12: 20})
+    s = sized(
+        strategy(FedL2G, nodes[:3], **{"robust.aggregate": "median"}), {10: 20, 11: 20, 12: 20}
+    )
     s.global_arrays = before = s.init_global()
     arrays, _ = s.aggregate_train(1, [reply(10 + i, up, 20) for i, up in enumerate(good)])
     assert arrays is not None
     median = np.median([up[f"{GUIDE_GRAD}1"] for up in good], axis=0)
-    np.testing.assert_allclose(to_numpy(arrays)[GUIDE][1], before[GUIDE][1] - 0.01 * median, atol=1e-7)
+    np.testing.assert_allclose(
+        to_numpy(arrays)[GUIDE][1], before[GUIDE][1] - 0.01 * median, atol=1e-7
+    )
 
 
 def _run(tmp_path: Path, algorithm: str, server_round: int, **cfg: object) -> ClientRun:
@@ -235,7 +241,9 @@ def test_the_quiz_set_is_held_out_and_the_upload_holds_the_study_classes(
     order = keep[torch.randperm(len(keep), generator=run.generator(5))]
     studied = sorted(set(run.data.y_train[order[:size]].tolist()))
     assert sorted(int(k.removeprefix(GUIDE_GRAD)) for k in up) == studied
-    assert all(v.shape == (run.model.feature_dim,) and v.dtype == torch.float32 for v in up.values())
+    assert all(
+        v.shape == (run.model.feature_dim,) and v.dtype == torch.float32 for v in up.values()
+    )
     assert run.metrics["quiz-loss"] > 0
     run.received = {GUIDE: torch.zeros(3, 3)}
     with pytest.raises(ValueError, match="expected only 'guide'"):
