@@ -274,7 +274,9 @@ class FedL2GConfig(Section):
     server (FedL2G-f, guiding vectors in the representation space)."""
 
     server_lr: float = Field(0.01, gt=0)
-    """Learning rate of the server's SGD step on the guide table (HtFLlib's 0.01)."""
+    """Learning rate of the server's SGD step on the guide table (HtFLlib's 0.01, at
+    which the table barely moves; rates at which it moves were no better in a 3-seed
+    comparison: docs/results/small-fleets.md)."""
     grad_clip: float = Field(100.0, ge=0)
     """Bound on the Frobenius norm of the aggregated gradient table before the step
     (HtFLlib's ``clip_grad_norm_`` at 100: the whole table's norm, not each value's or
