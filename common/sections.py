@@ -304,9 +304,10 @@ class RobustConfig(Section):
 
     aggregate: Literal["mean", "trimmed-mean", "median"] = "mean"
     """How the methods whose server averages arrays (fedavg, lgfedavg, fedlora, fml,
-    fedkd's updates, fedproto's class prototypes) combine the replies, coordinate by
-    coordinate: the weighted ``mean``, a weighted ``trimmed-mean`` (``robust.trim`` of
-    the weight cut from each end) or the weighted ``median``."""
+    fedkd's updates, fedproto's class prototypes, fd's logits, fedl2g's and fedl2gl's
+    guide-gradient rows) combine the replies, coordinate by coordinate: the weighted
+    ``mean``, a weighted ``trimmed-mean`` (``robust.trim`` of the weight cut from each
+    end) or the weighted ``median``."""
     trim: float = Field(0.1, ge=0, lt=0.5)
     """Share of the total weight cut from each end by ``trimmed-mean``."""
     max_norm_ratio: float = Field(50.0, ge=0)
