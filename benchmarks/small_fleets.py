@@ -42,6 +42,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fedgen": {"algorithm": "fedgen"},
     "fedgen-lr3e-4": {"algorithm": "fedgen", "fedgen.server-lr": 0.0003},
     "fedmrl": {"algorithm": "fedmrl"},
+    "fedl2g": {"algorithm": "fedl2g"},
+    "fedl2g-lr1000": {"algorithm": "fedl2g", "fedl2g.server-lr": 1000.0},
+    "fedl2gl": {"algorithm": "fedl2gl"},
+    "fedl2gl-lr100": {"algorithm": "fedl2gl", "fedl2gl.server-lr": 100.0},
     "lgfedavg": {"algorithm": "lgfedavg"},
 }
 PARTITIONS = {"scarce": 0.5, "practical": 0.1}
@@ -83,6 +87,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "train-loss": [r.get("train-loss") for r in rounds],
         "server-lr": [d.get("server-lr") for d in diag],
         "update-coherence": [d.get("update-coherence") for d in diag],
+        "guide-change": [d.get("guide-change") for d in diag],
         "wall-s": round(time.perf_counter() - start, 1),
     }
 

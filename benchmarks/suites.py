@@ -202,6 +202,8 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fd", {"algorithm": "fd"}),
         Spec("fedgen", {"algorithm": "fedgen"}),
         Spec("fedmrl", {"algorithm": "fedmrl"}),
+        Spec("fedl2g", {"algorithm": "fedl2g"}),
+        Spec("fedl2gl", {"algorithm": "fedl2gl"}),
     ],
 }
 

@@ -33,6 +33,8 @@ from common.sections import (
     FedGenConfig,
     FedGHConfig,
     FedKDConfig,
+    FedL2GConfig,
+    FedL2GLConfig,
     FedLoRAConfig,
     FedMRLConfig,
     FedProtoConfig,
@@ -153,6 +155,8 @@ class RunConfig(Section):
     fd: FDConfig = FDConfig()
     fedmrl: FedMRLConfig = FedMRLConfig()
     fedgen: FedGenConfig = FedGenConfig()
+    fedl2g: FedL2GConfig = FedL2GConfig()
+    fedl2gl: FedL2GLConfig = FedL2GLConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     robust: RobustConfig = RobustConfig()
     log: LogConfig = LogConfig()

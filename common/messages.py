@@ -14,6 +14,12 @@ PROTO = "proto."
 """One class prototype, ``proto.<c>`` [d]: fedproto, fedgh, fedtgp."""
 LOGIT = "logit."
 """One class's mean logit vector, ``logit.<c>`` [C]: fd."""
+GUIDE = "guide"
+"""FedL2G's guide table, one guiding vector per class: [C, d] (fedl2g) or [C, C]
+(fedl2gl)."""
+GUIDE_GRAD = "guide-grad."
+"""One row of the gradient of a client's quiz loss with respect to the guide table,
+``guide-grad.<c>`` [d] or [C], for the classes of its study batch: fedl2g, fedl2gl."""
 GENERATOR = "generator."
 """FedGen's feature generator (``generator.<state-dict key>``), trained on the server."""
 LABEL_COUNTS = "label-counts"

@@ -193,6 +193,20 @@ BUILTIN: tuple[Method, ...] = (
         section=sections.FedGenConfig,
         keys=(keys.HEAD, keys.GENERATOR, keys.LABEL_COUNTS),
     ),
+    Method(
+        "fedl2g",
+        "strategies.fedl2g:FedL2G",
+        "client_app.fedl2g:FedL2GHook",
+        section=sections.FedL2GConfig,
+        keys=(keys.GUIDE, keys.GUIDE_GRAD),
+    ),
+    Method(
+        "fedl2gl",
+        "strategies.fedl2gl:FedL2GL",
+        "client_app.fedl2g:FedL2GLHook",
+        section=sections.FedL2GLConfig,
+        keys=(keys.GUIDE, keys.GUIDE_GRAD),
+    ),
 )
 
 

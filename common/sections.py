@@ -269,14 +269,45 @@ class FedGenConfig(Section):
     1); 0 = none (then the method is LG-FedAvg with extra traffic)."""
 
 
+class FedL2GConfig(Section):
+    """``fedl2g.*``: the guide table's meta step on the clients and its SGD step on the
+    server (FedL2G-f, guiding vectors in the representation space)."""
+
+    server_lr: float = Field(0.01, gt=0)
+    """Learning rate of the server's SGD step on the guide table (HtFLlib's 0.01, at
+    which the table barely moves; rates at which it moves were no better in a 3-seed
+    comparison: docs/results/small-fleets.md)."""
+    grad_clip: float = Field(100.0, ge=0)
+    """Bound on the Frobenius norm of the aggregated gradient table before the step
+    (HtFLlib's ``clip_grad_norm_`` at 100: the whole table's norm, not each value's or
+    row's); 0 = no clipping."""
+    study_batches: int = Field(1, ge=1)
+    """Training batches (of ``train.batch-size``) in the meta step's study loss, drawn
+    afresh each round from the client's training part (HtFLlib's 1)."""
+    quiz_batches: int = Field(1, ge=1)
+    """Batches of held-out quiz samples: ``quiz-batches`` × ``train.batch-size``
+    training samples of each client (at most half of them), drawn once per run and
+    node, never trained on (HtFLlib's 1)."""
+    warm_up_rounds: int = Field(0, ge=0)
+    """First rounds in which clients do not train, only take the meta step and upload
+    its gradient (HtFLlib's 50; 0 = none, the default: at the server's learning rate
+    the table barely moves in them, docs/algorithms.md)."""
+
+
+class FedL2GLConfig(FedL2GConfig):
+    """``fedl2gl.*``: the same settings for FedL2G-l, guiding vectors in the logit
+    space (a C × C table)."""
+
+
 class RobustConfig(Section):
     """``robust.*``: aggregation that a few extreme finite replies cannot steer."""
 
     aggregate: Literal["mean", "trimmed-mean", "median"] = "mean"
     """How the methods whose server averages arrays (fedavg, lgfedavg, fedlora, fml,
-    fedkd's updates, fedproto's class prototypes) combine the replies, coordinate by
-    coordinate: the weighted ``mean``, a weighted ``trimmed-mean`` (``robust.trim`` of
-    the weight cut from each end) or the weighted ``median``."""
+    fedkd's updates, fedproto's class prototypes, fd's logits, fedl2g's and fedl2gl's
+    guide-gradient rows) combine the replies, coordinate by coordinate: the weighted
+    ``mean``, a weighted ``trimmed-mean`` (``robust.trim`` of the weight cut from each
+    end) or the weighted ``median``."""
     trim: float = Field(0.1, ge=0, lt=0.5)
     """Share of the total weight cut from each end by ``trimmed-mean``."""
     max_norm_ratio: float = Field(50.0, ge=0)
@@ -316,7 +347,8 @@ class PrivacyConfig(Section):
 
     clip: float = Field(0.0, ge=0)
     """L2 bound of every uploaded representation vector (FedRE's entangled
-    representation, FedProto/FedGH/FedTGP prototypes); 0 = off."""
+    representation, FedProto/FedGH/FedTGP prototypes) and per-class row (FD's mean
+    logits, FedL2G's guide-gradient rows); 0 = off."""
     noise: float = Field(0.0, ge=0)
     """Gaussian noise added to each such vector: σ = noise × clip per element (seeded by
     seed, round and partition); 0 = none."""
