@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set everything up, then the tests.
-#   bash scripts/test.sh          the fast tier: every test not marked e2e or slow
+#   bash scripts/test.sh          the fast tier: every test not marked e2e or slow (two
+#                                 pytest-xdist workers; FEDHET_TEST_WORKERS=0: one process)
 #   bash scripts/test.sh --all    every test (what CI runs): real federations, flwr run
 #                                 simulations, compose validation, warm-executor children
 # Other arguments go to pytest (e.g. -k fedre, -x).
@@ -29,4 +30,6 @@ if [ "${1:-}" = "--all" ]; then
   [ "$empty" -lt 2 ] || status=5
   exit "$status"
 fi
-exec python -m pytest -q --durations=15 -m "not e2e and not slow" "$@"
+# the fast tier: no `serial` test in it (those are all e2e or slow), two workers as well
+exec python -m pytest -q --durations=15 -n "${FEDHET_TEST_WORKERS:-2}" --dist loadgroup \
+  -m "not e2e and not slow" "$@"
