@@ -315,20 +315,22 @@ def header(scope: dict, name: bytes) -> bytes | None:
 class HeldPulls:
     """An ASGI middleware that holds a node's empty poll (``x-fedhet-hold: S``) up to
     ``S`` seconds (at most ``hold_s``) until a whole message for the node is there,
-    then answers with Flower's own handler; every answer names ``x-fedhet-holds``."""
+    then answers with Flower's own handler (:func:`held_pulls` puts
+    :class:`AnswerHeaders` around it, which offers the hold in every answer)."""
 
     def __init__(self, app: ASGIApp, hold_s: float) -> None:
         self.app = app
         self.hold_s = hold_s
-        self.holds = (b"x-fedhet-holds", b"%g" % hold_s)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
         asked = header(scope, b"x-fedhet-hold")
-        if scope.get("path") != PULL_PATH or asked is None or not WAITING.states:
-            await self.app(scope, receive, self._naming(send))
+        if (
+            scope.get("type") != "http"
+            or scope.get("path") != PULL_PATH
+            or asked is None
+            or not WAITING.states
+        ):
+            await self.app(scope, receive, send)
             return
         try:
             hold = min(self.hold_s, max(0.0, float(asked)))
@@ -362,8 +364,7 @@ class HeldPulls:
                     return
         finally:
             gone.cancel()
-        held = b"%.3f" % (time.monotonic() - start)
-        await answer.send(send, [self.holds, (b"x-fedhet-held", held)])
+        await answer.send(send, (b"x-fedhet-held", b"%.3f" % (time.monotonic() - start)))
 
     @staticmethod
     async def _wait(node_id: int, left: float, gone: asyncio.Future[Any]) -> bool:
@@ -377,14 +378,6 @@ class HeldPulls:
             return future.done() and not gone.done()
         finally:
             WAITING.drop(node_id, future)
-
-    def _naming(self, send: Any) -> Any:
-        async def sending(message: dict) -> None:
-            if message.get("type") == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), self.holds]}
-            await send(message)
-
-        return sending
 
 
 async def read_body(receive: Any) -> bytes:
@@ -418,9 +411,8 @@ class Answer:
             return False
         return not pulled.messages_list
 
-    async def send(self, send: Any, headers: list[tuple[bytes, bytes]]) -> None:
-        start = {**self.start, "headers": [*self.start.get("headers", ()), *headers]}
-        await send(start)
+    async def send(self, send: Any, *headers: tuple[bytes, bytes]) -> None:
+        await send(with_headers(self.start, headers))
         await send({"type": "http.response.body", "body": b"".join(self.body)})
 
 
@@ -446,13 +438,25 @@ async def answered(app: ASGIApp, scope: dict, body: bytes) -> Answer:
     return answer
 
 
+def holds_header(hold_s: float) -> tuple[bytes, bytes]:
+    """What every answer says of the hold on offer (``fedhet supernode`` asks for it)."""
+    return (b"x-fedhet-holds", b"%g" % hold_s)
+
+
 def held_pulls(hold_s: float = HOLD_S) -> None:
-    """Part ``superlink-held-pulls``: :class:`HeldPulls` in front of Flower's stack."""
+    """Part ``superlink-held-pulls``: :class:`HeldPulls` in front of Flower's stack,
+    every answer offering the hold (:func:`holds_header`)."""
     from starlette.middleware import Middleware
 
+    in_front([Middleware(AnswerHeaders, holds_header(hold_s)), Middleware(HeldPulls, hold_s)])
+
+
+def in_front(middleware: list[Any]) -> None:
+    """The SuperLink app built with ``middleware`` outside the stack it has now
+    (Flower's, or one a part changed already)."""
     main = importlib.import_module(MIDDLEWARE)
     current = main._get_middleware
-    gate.replace(main, "_get_middleware", lambda: [Middleware(HeldPulls, hold_s), *current()])
+    gate.replace(main, "_get_middleware", lambda: [*middleware, *current()])
 
 
 def indexed_message_pulls(whole_only: bool = False) -> None:
@@ -466,45 +470,45 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
     cls.get_message_ins = indexed_get_message_ins(flowers, whole_only)
 
 
+def env_seconds(name: str, default: float, low: float, high: float, whole: bool = False) -> float:
+    """Environment variable ``name``: seconds from ``low`` to ``high`` (``whole``: a
+    whole number), else ``default``; any other value stops with one line naming it."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(int(text)) if whole else float(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        kind = "whole seconds" if whole else "seconds"
+        raise SystemExit(f"{name}={text!r}: give {kind} from {low:g} to {high:g}")
+    return value
+
+
 def keep_alive_s() -> int:
     """``FEDHET_KEEPALIVE_S`` (whole seconds, 1 to :data:`KEEPALIVE_MAX_S`), else
     :data:`KEEPALIVE_S`."""
-    text = os.environ.get("FEDHET_KEEPALIVE_S", "").strip()
-    if not text:
-        return KEEPALIVE_S
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= KEEPALIVE_MAX_S:
-        raise SystemExit(
-            f"FEDHET_KEEPALIVE_S={text!r}: give whole seconds from 1 to {KEEPALIVE_MAX_S}"
-        )
-    return value
+    return int(env_seconds("FEDHET_KEEPALIVE_S", KEEPALIVE_S, 1, KEEPALIVE_MAX_S, whole=True))
 
 
 def hold_s() -> float:
     """``FEDHET_HOLD_S`` (seconds, 0 to :data:`HOLD_MAX_S`; 0: never hold), else
     :data:`HOLD_S`."""
-    text = os.environ.get("FEDHET_HOLD_S", "").strip()
-    if not text:
-        return HOLD_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= HOLD_MAX_S:
-        raise SystemExit(f"FEDHET_HOLD_S={text!r}: give seconds from 0 (never) to {HOLD_MAX_S:g}")
-    return value
+    return env_seconds("FEDHET_HOLD_S", HOLD_S, 0, HOLD_MAX_S)
 
 
-class KeepAliveHeader:
-    """An ASGI middleware that adds ``Keep-Alive: timeout=<seconds>`` to every HTTP
-    answer (what the server does with an idle connection, RFC 9112 appendix C)."""
+def with_headers(start: dict, headers: Any) -> dict:
+    """An ASGI ``http.response.start`` message with ``headers`` added."""
+    return {**start, "headers": [*start.get("headers", ()), *headers]}
 
-    def __init__(self, app: ASGIApp, seconds: int) -> None:
+
+class AnswerHeaders:
+    """An ASGI middleware that adds ``headers`` to every HTTP answer."""
+
+    def __init__(self, app: ASGIApp, *headers: tuple[bytes, bytes]) -> None:
         self.app = app
-        self.header = (b"keep-alive", b"timeout=%d" % seconds)
+        self.headers = headers
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -513,15 +517,21 @@ class KeepAliveHeader:
 
         async def sending(message: dict) -> None:
             if message.get("type") == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+                message = with_headers(message, self.headers)
             await send(message)
 
         await self.app(scope, receive, sending)
 
 
+def keep_alive_header(seconds: int) -> tuple[bytes, bytes]:
+    """What the SuperLink does with an idle connection (RFC 9112 appendix C)."""
+    return (b"keep-alive", b"timeout=%d" % seconds)
+
+
 def keep_alive(seconds: int) -> None:
     """Part ``superlink-keep-alive``: uvicorn started with ``timeout_keep_alive`` =
-    ``seconds`` (unless Flower sets one) and :class:`KeepAliveHeader` outermost."""
+    ``seconds`` (unless Flower sets one), every answer saying so
+    (:func:`keep_alive_header`)."""
     from starlette.middleware import Middleware
 
     uvicorn = importlib.import_module(FLOWER_CLI).uvicorn
@@ -532,11 +542,7 @@ def keep_alive(seconds: int) -> None:
         return run(*args, **kwargs)
 
     gate.replace(uvicorn, "run", run_kept)
-    main = importlib.import_module(MIDDLEWARE)
-    current = main._get_middleware  # Flower's, or the scoped one
-    gate.replace(
-        main, "_get_middleware", lambda: [Middleware(KeepAliveHeader, seconds), *current()]
-    )
+    in_front([Middleware(AnswerHeaders, keep_alive_header(seconds))])
 
 
 def run_superlink(argv: list[str]) -> None:

@@ -196,20 +196,14 @@ def keep_alive_clients() -> None:
     """Every Fleet API client made from now on reuses an idle connection for the
     keep-alive the SuperLink names, less twice :data:`WARM_MARGIN_S` (for nodes
     without :class:`WarmConnections`: the fleet emulator's)."""
-    module = importlib.import_module(FLEET_CONNECTION)
-    base = flower_internal(FLEET_CONNECTION, "FleetHttpClient")
 
-    class Following(base):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            transport = getattr(self._client, "_transport", None)
-            pool = getattr(transport, "_pool", None)
-            follow_superlink(
-                self._client,
-                lambda s: set_pool_expiry(pool, max(WARM_MARGIN_S, s - 2 * WARM_MARGIN_S)),
-            )
+    def follow(client: Any, base_url: str) -> None:
+        pool = getattr(getattr(client, "_transport", None), "_pool", None)
+        follow_superlink(
+            client, lambda s: set_pool_expiry(pool, max(WARM_MARGIN_S, s - 2 * WARM_MARGIN_S))
+        )
 
-    replace(module, "FleetHttpClient", Following)
+    on_fleet_client(follow)
 
 
 class WarmConnections:
@@ -1308,13 +1302,19 @@ def warm_while_working(warm: WarmConnections) -> Callable[[], None]:
 
 def attach_client(warm: WarmConnections) -> None:
     """Give ``warm`` the node's Fleet API client when Flower makes it."""
+    on_fleet_client(warm.attach)
+
+
+def on_fleet_client(made: Callable[[Any, str], None]) -> None:
+    """``made(client, base_url)`` with each Fleet API client Flower makes from now on
+    (its ``httpx.Client`` and URL)."""
     module = importlib.import_module(FLEET_CONNECTION)
     base = flower_internal(FLEET_CONNECTION, "FleetHttpClient")
 
     class Noted(base):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            warm.attach(self._client, self._base_url)
+            made(self._client, self._base_url)
 
     replace(module, "FleetHttpClient", Noted)
 

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -615,28 +614,6 @@ def test_a_node_asks_for_the_hold_its_superlink_offers_on_polls_only(
         assert asked == [None] * 5
         assert [t["read"] for t in timeouts] == [30.0] * 5
     assert held_after_poll == 12.5 and held_after_unheld == 0.0
-
-
-def test_a_held_poll_is_neither_a_slow_answer_nor_a_wait_still_to_make() -> None:
-    """The time the SuperLink held a poll is not counted as its answer's delay (the
-    load view, the round trip) and is taken off the node's next idle wait."""
-    from cli import supernode as sn
-
-    class Clock(types.ModuleType):
-        def __init__(self) -> None:
-            super().__init__("time")
-            self.t = 1000.0
-
-        def monotonic(self) -> float:
-            return self.t
-
-    clock = Clock()
-    paced = sn.PacedSleep(clock, 0.05, cap=10.0)  # type: ignore[arg-type]
-    sn.HELD.seconds = 0.0
-    assert paced.wait_for(sn.FLOWER_IDLE_PULL_S) > 0
-    sn.HELD.seconds = 20.0
-    assert paced.wait_for(sn.FLOWER_IDLE_PULL_S) == 0.0
-    sn.HELD.seconds = 0.0
 
 
 def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(

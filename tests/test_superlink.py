@@ -226,7 +226,7 @@ def test_every_http_answer_names_the_keep_alive() -> None:
     async def send(message: dict) -> None:
         sent.append(message)
 
-    wrapped = sl.KeepAliveHeader(app, 60)
+    wrapped = sl.AnswerHeaders(app, sl.keep_alive_header(60))
     asyncio.run(wrapped({"type": "http", "path": "/v1/fleet/x"}, None, send))
     start, body = sent
     assert start["headers"] == [(b"a", b"1"), (b"keep-alive", b"timeout=60")]
@@ -259,21 +259,35 @@ def test_the_superlink_keeps_idle_connections_as_long_as_it_says(
     uvicorn.run(app=None, timeout_keep_alive=7)
     assert [r.get("timeout_keep_alive") for r in runs] == [42, 7]
     first, *rest = main._get_middleware()
-    assert first.cls is sl.KeepAliveHeader and first.args == (42,)
+    assert first.cls is sl.AnswerHeaders and first.args == ((b"keep-alive", b"timeout=42"),)
     assert [m.cls for m in rest] == [m.cls for m in gate.original(main, "_get_middleware")()]
 
 
-@pytest.mark.parametrize("text", ["0", "-5", "1.5", "soon", "3601"])
-def test_a_bad_keep_alive_is_refused_naming_the_variable(
-    text: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("name", "read", "text", "kind", "good", "value"),
+    [
+        *[("FEDHET_KEEPALIVE_S", "keep_alive_s", t, "whole seconds", " 30 ", 30)
+          for t in ("0", "-5", "1.5", "soon", "3601")],
+        *[("FEDHET_HOLD_S", "hold_s", t, "seconds", "0", 0.0) for t in ("-1", "121", "soon")],
+    ],
+)  # fmt: skip
+def test_a_bad_setting_is_refused_naming_the_variable(
+    name: str,
+    read: str,
+    text: str,
+    kind: str,
+    good: str,
+    value: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("FEDHET_KEEPALIVE_S", text)
-    with pytest.raises(SystemExit, match=f"FEDHET_KEEPALIVE_S={text!r}: give whole seconds"):
-        sl.keep_alive_s()
-    monkeypatch.setenv("FEDHET_KEEPALIVE_S", " 30 ")
-    assert sl.keep_alive_s() == 30
-    monkeypatch.delenv("FEDHET_KEEPALIVE_S")
-    assert sl.keep_alive_s() == sl.KEEPALIVE_S
+    setting = getattr(sl, read)
+    monkeypatch.setenv(name, text)
+    with pytest.raises(SystemExit, match=f"{name}={text!r}: give {kind}"):
+        setting()
+    monkeypatch.setenv(name, good)
+    assert setting() == value
+    monkeypatch.delenv(name)
+    assert setting() == {"FEDHET_KEEPALIVE_S": sl.KEEPALIVE_S, "FEDHET_HOLD_S": sl.HOLD_S}[name]
 
 
 # ------------------------------------------------------------------ held pulls
@@ -363,7 +377,8 @@ async def _serve(
     async def send(message: dict) -> None:
         sent.append(message)
 
-    task = asyncio.ensure_future(sl.HeldPulls(app, 5.0)(scope, receive, send))
+    stack = sl.AnswerHeaders(sl.HeldPulls(app, 5.0), sl.holds_header(5.0))  # held_pulls'
+    task = asyncio.ensure_future(stack(scope, receive, send))
     for event in events or ():
         await asyncio.sleep(0.05)
         await queue.put(event)
@@ -473,14 +488,20 @@ def test_a_node_that_hung_up_is_not_given_its_message(held: Any) -> None:
     assert state.message_ins_store["m1"].metadata.delivered_at == ""
 
 
-@pytest.mark.parametrize("text", ["-1", "121", "soon"])
-def test_a_bad_hold_is_refused_naming_the_variable(
-    text: str, monkeypatch: pytest.MonkeyPatch
+def test_the_hold_is_offered_around_the_held_pulls_in_front_of_flowers_stack(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("FEDHET_HOLD_S", text)
-    with pytest.raises(SystemExit, match=f"FEDHET_HOLD_S={text!r}: give seconds"):
-        sl.hold_s()
-    monkeypatch.setenv("FEDHET_HOLD_S", "0")
-    assert sl.hold_s() == 0.0
-    monkeypatch.delenv("FEDHET_HOLD_S")
-    assert sl.hold_s() == sl.HOLD_S
+    """Part superlink-held-pulls as ``_serve`` builds it: the offer outermost, then the
+    hold, then Flower's stack (as it was)."""
+    import flwr.superlink.main as main
+
+    from common import flower_gate as gate
+
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    monkeypatch.setitem(main.__dict__, gate.ORIGINALS, dict(getattr(main, gate.ORIGINALS, {})))
+    before = [m.cls for m in main._get_middleware()]
+    sl.held_pulls(12.0)
+    offer, hold, *rest = main._get_middleware()
+    assert offer.cls is sl.AnswerHeaders and offer.args == ((b"x-fedhet-holds", b"12"),)
+    assert hold.cls is sl.HeldPulls and hold.args == (12.0,)
+    assert [m.cls for m in rest] == before

@@ -368,6 +368,23 @@ def _paced(clock: _Clock, fast: bool = False, cap: float | None = None):  # type
     return PacedSleep(real, poll=0.05, fast=fast, cap=cap)
 
 
+def test_a_held_poll_is_taken_off_the_next_idle_wait() -> None:
+    """The time the SuperLink held the node's last poll (``x-fedhet-held``) was spent
+    waiting: the next idle wait is shorter by as much, down to none."""
+    from cli import supernode as sn
+
+    paced = _paced(_Clock(), cap=10.0)
+    try:
+        sn.HELD.seconds = 0.0
+        unheld = paced.wait_for(sn.FLOWER_IDLE_PULL_S)
+        sn.HELD.seconds = 1.0
+        assert paced.wait_for(sn.FLOWER_IDLE_PULL_S) == pytest.approx(max(0.0, unheld - 1.0))
+        sn.HELD.seconds = 20.0
+        assert unheld > 0 and paced.wait_for(sn.FLOWER_IDLE_PULL_S) == 0.0
+    finally:
+        sn.HELD.seconds = 0.0
+
+
 def test_supernode_fast_mode_polls_fast_after_a_task_and_backs_off_when_idle() -> None:
     from cli.pacing import FAST_GROWTH as IDLE_GROWTH
 
@@ -1349,6 +1366,29 @@ def test_the_store_inbox_finds_replies_and_stores_error_replies_where_flower_loo
     assert Inbox("legacy").replies(state) == []  # where 1.42's loop looked
     inbox.drop(state, store, [reply.metadata.message_id])
     assert inbox.replies(state) == []
+
+
+def test_a_held_polls_hold_is_not_counted_as_its_answers_delay() -> None:
+    """The round trip a node notes (its load view, its connections' expiry) is the
+    poll's time less what the SuperLink held it."""
+    from cli import supernode as sn
+
+    noted: list[float] = []
+
+    def receive():  # type: ignore[no-untyped-def]
+        time.sleep(0.05)  # the poll took 50 ms, all of it held
+        sn.HELD.seconds = 10.0
+        return None
+
+    def pull(*, state, object_store, receive, get_run):  # type: ignore[no-untyped-def]
+        return receive()
+
+    watch = sn.RunWatch(pull, lambda *, state, object_store: None, on_receive_s=noted.append)
+    try:
+        watch.pull(state=None, object_store=None, receive=receive, get_run=None)
+    finally:
+        sn.HELD.seconds = 0.0
+    assert noted == [0.0]
 
 
 def test_run_watch_names_a_flower_loop_function_that_changed() -> None:
