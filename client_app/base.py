@@ -42,6 +42,8 @@ from models.train import (
 )
 
 MODEL_KEY = "fedhet.model"
+DATA_CACHE = "data-cache"
+"""Node-config key: ``"own"`` keeps only this node's partition files on its disk."""
 """``context.state`` key of the personal model's state dict."""
 META_KEY = "fedhet.meta"
 """``context.state`` key of bookkeeping (``rounds-trained``)."""
@@ -113,6 +115,16 @@ class NodeSpec:
         )
         return cls(pid, num, arch, profile, dict(node_config), device, virtual)
 
+    @property
+    def cache_only(self) -> int | None:
+        """Node-config ``data-cache``: ``"all"`` (default) keeps the whole partition in
+        the data cache (one build that every client on one machine shares),
+        ``"own"`` only this node's files (a device that holds no other node's data)."""
+        value = str(self.options.get(DATA_CACHE, "all"))
+        if value not in ("all", "own"):
+            raise ConfigError(f'node-config {DATA_CACHE}={value!r} must be "all" or "own"')
+        return self.partition_id if value == "own" else None
+
     def state_file(self, cfg: RunConfig, run_dir: str = "") -> Path | None:
         """Where this node keeps its personal model: node-config ``state-dir``, else
         ``<run_dir>/node-<partition>`` (a simulation's clients folder), else nowhere
@@ -128,7 +140,13 @@ class NodeSpec:
         """Device-local data (node-config ``data-name`` + ``data-root``) or the partition."""
         name = self.options.get("data-name")
         if not name:
-            return load_client_data(cfg.data, self.partition_id, self.num_partitions, cfg.seed)
+            return load_client_data(
+                cfg.data,
+                self.partition_id,
+                self.num_partitions,
+                cfg.seed,
+                own_only=self.cache_only is not None,
+            )
         root = self.options.get("data-root")
         if not root:
             raise ConfigError("node-config data-name is set but data-root is not")
@@ -444,15 +462,17 @@ class GlobalHeadHook(ClientHook):
 
 
 @functools.lru_cache(maxsize=2)
-def _global_test(data: DataConfig, num_partitions: int, seed: int) -> tuple[Tensor, Tensor] | None:
-    return load_global_test(data, num_partitions, seed)
+def _global_test(
+    data: DataConfig, num_partitions: int, seed: int, only: int | None
+) -> tuple[Tensor, Tensor] | None:
+    return load_global_test(data, num_partitions, seed, only)
 
 
 def global_test(run: ClientRun) -> tuple[Tensor, Tensor] | None:
     """The official test set (``data.protocol = official``, partitioned data only)."""
     if run.cfg.data.protocol != "official" or run.node.options.get("data-name"):
         return None
-    return _global_test(run.cfg.data, run.node.num_partitions, run.cfg.seed)
+    return _global_test(run.cfg.data, run.node.num_partitions, run.cfg.seed, run.node.cache_only)
 
 
 def profile_record(context: Context, hook: ClientHook) -> ConfigRecord:

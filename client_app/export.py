@@ -195,7 +195,7 @@ def normalisation(cfg: RunConfig, node: NodeSpec) -> tuple[list[float], list[flo
         from data.client import _folder_info
         from data.store import prepare_partition
 
-        folder = prepare_partition(cfg.data, node.num_partitions, cfg.seed)
+        folder = prepare_partition(cfg.data, node.num_partitions, cfg.seed, node.cache_only)
         _, (mean, std) = _folder_info(str(folder.resolve()))
     return [float(m) for m in mean], [float(s) for s in std]
 

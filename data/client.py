@@ -268,7 +268,7 @@ def _remember(key: tuple[Any, ...], data: ClientData) -> None:
 
 
 def load_client_data(
-    cfg: DataConfig, partition_id: int, num_partitions: int, seed: int
+    cfg: DataConfig, partition_id: int, num_partitions: int, seed: int, own_only: bool = False
 ) -> ClientData:
     """Client ``partition_id``'s local train and test data.
 
@@ -286,6 +286,9 @@ def load_client_data(
         Number of clients.
     seed : int
         Run seed (see :func:`data.store.prepare_partition`).
+    own_only : bool
+        Keep only this client's files on disk (a folder of its own in the cache;
+        the same files and normalisation as the whole partition's).
 
     Returns
     -------
@@ -298,7 +301,7 @@ def load_client_data(
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    folder = prepare_partition(cfg, num_partitions, seed)
+    folder = prepare_partition(cfg, num_partitions, seed, partition_id if own_only else None)
     train_file, test_file = client_files(folder, partition_id)
     num_classes, stats = _folder_info(str(folder.resolve()))
     data = _client_data(
@@ -313,9 +316,10 @@ def load_client_data(
 
 
 def load_global_test(
-    cfg: DataConfig, num_partitions: int, seed: int
+    cfg: DataConfig, num_partitions: int, seed: int, only: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The official test set of a ``data.protocol = official`` partition.
+    """The official test set of a ``data.protocol = official`` partition (``only``:
+    of the folder that holds that client's files alone, see ``prepare_partition``).
 
     Returns
     -------
@@ -325,7 +329,7 @@ def load_global_test(
     """
     import torch
 
-    folder = prepare_partition(cfg, num_partitions, seed)
+    folder = prepare_partition(cfg, num_partitions, seed, only)
     path = folder / GLOBAL_TEST_FILE
     if not path.is_file():
         return None

@@ -147,8 +147,14 @@ def _stats_meta(ds: Dataset, x: NDArray[Any], trained: list[IndexArray]) -> dict
     return {"mean": list(mean), "std": list(std), "features": int(x.shape[1])}
 
 
-def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) -> None:
-    """Compute the partition and write it in the clients-npz layout into ``out``."""
+def write_partition(
+    cfg: DataConfig, num_partitions: int, seed: int, out: Path, only: int | None = None
+) -> None:
+    """Compute the partition and write it in the clients-npz layout into ``out``.
+
+    ``only``: write that client's two files alone (and only its class counts in
+    ``meta.json``, with ``"only": id``); every share is still computed, so the files and
+    the normalisation equal those of the whole partition."""
     ds = load_arrays(cfg)
     x, y, global_test = _pool(ds, cfg)
     counts: dict[str, list[list[int]]] = {"train": [], "test": []}
@@ -161,6 +167,8 @@ def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) 
             cfg.min_train_samples, cfg.min_test_samples,
         )  # fmt: skip
         trained.append(train)
+        if only is not None and cid != only:
+            continue
         for split, idx in (("train", train), ("test", test)):
             _save(out / split / f"{cid}.npz", x[idx], y[idx])
             counts[split].append(np.bincount(y[idx], minlength=ds.num_classes).tolist())
@@ -179,10 +187,12 @@ def write_partition(cfg: DataConfig, num_partitions: int, seed: int, out: Path) 
         "train_class_counts": counts["train"],
         "test_class_counts": counts["test"],
     }
+    if only is not None:
+        meta["only"] = only
     (out / META_FILE).write_text(json.dumps(meta))
 
 
-def _build(cfg: DataConfig, num_partitions: int, seed: int, target: Path) -> None:
+def _build(cfg: DataConfig, num_partitions: int, seed: int, target: Path, only: int | None) -> None:
     """Write the partition to a temporary folder, then rename it to ``target``.
 
     Only called while holding the partition's lock.
@@ -193,7 +203,7 @@ def _build(cfg: DataConfig, num_partitions: int, seed: int, target: Path) -> Non
         shutil.rmtree(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        write_partition(cfg, num_partitions, seed, tmp)
+        write_partition(cfg, num_partitions, seed, tmp, only)
         (tmp / COMPLETE_MARKER).write_text(target.name)
         os.rename(tmp, target)
     except BaseException:
@@ -201,12 +211,16 @@ def _build(cfg: DataConfig, num_partitions: int, seed: int, target: Path) -> Non
         raise
 
 
-def prepare_partition(cfg: DataConfig, num_partitions: int, seed: int) -> Path:
+def prepare_partition(
+    cfg: DataConfig, num_partitions: int, seed: int, only: int | None = None
+) -> Path:
     """The partition folder for these settings, computing it on first use.
 
     Safe to call from many processes at once: one computes, the others wait on
     a lock file and then reuse the result. For ``data.name = clients-npz`` the
-    folder ``data.root`` is validated and returned as is.
+    folder ``data.root`` is validated and returned as is. ``only``: a folder of its
+    own that holds client ``only``'s files alone (a node that keeps no other node's
+    data on its disk: node-config ``data-cache = "own"``).
 
     Parameters
     ----------
@@ -226,8 +240,11 @@ def prepare_partition(cfg: DataConfig, num_partitions: int, seed: int) -> Path:
         return clients_npz_dir(cfg, num_partitions)
     if num_partitions < 1:
         raise ConfigError(f"the number of partitions must be >= 1, got {num_partitions}")
+    if only is not None and not 0 <= only < num_partitions:
+        raise ConfigError(f"partition id {only} is outside 0 .. {num_partitions - 1}")
     root = cache_dir(cfg)
-    target = root / partition_key(cfg, num_partitions, seed)
+    key = partition_key(cfg, num_partitions, seed)
+    target = root / (key if only is None else f"{key}-only-{only}")
     if (target / COMPLETE_MARKER).is_file():
         return target
     try:
@@ -239,7 +256,7 @@ def prepare_partition(cfg: DataConfig, num_partitions: int, seed: int) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not (target / COMPLETE_MARKER).is_file():
-                _build(cfg, num_partitions, seed, target)
+                _build(cfg, num_partitions, seed, target, only)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target

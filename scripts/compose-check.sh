@@ -4,11 +4,13 @@
 # the SuperLink is FEDHET_UID, all else 49999), that each container holds only its own
 # secrets and that an executor without its node's secret gets no task, run 2 rounds of
 # fedre from the host twice with `fedhet run` (the second run must repeat the first's
-# metrics), check the results on the host are FEDHET_UID's, stop a long run while every
-# node trains (its tasks must end within 10 s; the uids are checked again with the task
-# processes running) and run once more, tear everything down. Needs a Docker engine and
-# network access for the build (torch comes from a package index); not part of the test
-# suite. deploy/results is left for the stack to make, as in a fresh clone.
+# metrics), check that each node's executor alone holds that node's client files (and
+# sees no file another executor wrote), check the results on the host are FEDHET_UID's,
+# stop a long run while every node trains (its tasks must end within 10 s; the uids are
+# checked again with the task processes running) and run once more, tear everything
+# down. Needs a Docker engine and network access for the build (torch comes from a
+# package index); not part of the test suite. deploy/results is left for the stack to
+# make, as in a fresh clone.
 #
 #   bash scripts/compose-check.sh
 #   FEDHET_BASE=<bookworm image with python3-venv> FEDHET_TORCH_INDEX=https://pypi.org/simple \
@@ -197,6 +199,28 @@ same = [(a["accuracy"], a["loss"]) == (b["accuracy"], b["loss"]) for a, b in zip
 print(f"  second run repeats the first: {same}")
 sys.exit(0 if all(same) else 1)
 EOF
+
+# 6b. Each node's partition lives only with its own executor: the client files every
+# container holds (node-config data-cache="own"; its cache-<i> volume), and a file one
+# executor writes to its cache is seen by no other.
+partition_files() {  # train/<i>.npz and test/<i>.npz anywhere in a service's container
+  "${COMPOSE[@]}" exec -T "$1" sh -c 'find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type f \( -path "*/train/*.npz" -o -path "*/test/*.npz" \) -print 2>/dev/null' |
+    tr -d '\r' | sed -E 's#.*/(train|test)/#\1/#' | sort | tr '\n' ' ' || true
+}
+for i in 0 1 2; do
+  got=$(partition_files "superexec-$i")
+  [ "$got" = "test/$i.npz train/$i.npz " ] || die "superexec-$i holds client files [$got], want only node $i's"
+  "${COMPOSE[@]}" exec -T "superexec-$i" sh -c "echo node-$i > /home/fedhet/.cache/fedhet/written-by-node-$i"
+done
+for service in superlink supernode-0 supernode-1 supernode-2; do
+  got=$(partition_files "$service")
+  [ -z "$got" ] || die "$service holds client files [$got], want none"
+done
+for i in 0 1 2; do
+  got=$("${COMPOSE[@]}" exec -T "superexec-$i" sh -c 'ls /home/fedhet/.cache/fedhet | grep written-by' | tr -d '\r' | tr '\n' ' ')
+  [ "$got" = "written-by-node-$i " ] || die "superexec-$i sees [$got] in its cache, want only what it wrote"
+done
+tell "data: each executor holds its own node's train/test files only, no other container any; a file one executor wrote to its cache is seen by no other"
 
 # 7. flwr stop ends a stopped run's tasks on every node, and the next run is not held up.
 busy() {  # task children of a node's warm executor: fork server processes but the server

@@ -94,7 +94,7 @@ def test_three_supernodes_with_distinct_partitions_and_profiles(compose: dict) -
         )
         assert cmd == want and "--isolation" in cmd  # warm: process isolation
         assert parsed["partition-id"] == i and parsed["num-partitions"] == 3
-        assert parsed["state-dir"] == "/state"
+        assert parsed["state-dir"] == "/state" and parsed["data-cache"] == "own"
         seen.append(parsed["profile"])
         assert _mounts(svc) == {
             "/certs": "ca",

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 import data.builtin
+import data.client
 import data.store
 from common.config import ConfigError, DataConfig
 from data import (
@@ -232,6 +233,40 @@ def test_official_protocol_and_fraction(tmp_path: Path) -> None:
     assert load_global_test(_cfg(tmp_path), 3, 0) is None
 
 
+@pytest.mark.parametrize("name", ["synthetic", "npz"])
+def test_own_data_cache_holds_only_its_node_and_equals_the_whole(tmp_path: Path, name: str) -> None:
+    """node-config data-cache="own": the node's folder holds its two files alone, equal
+    to the whole partition's (the normalisation too: for tabular data it comes from
+    every client's training samples), and no other node's class counts."""
+    settings: dict[str, Any] = {"alpha": 0.3, "protocol": "official"}
+    if name == "npz":
+        rng = np.random.default_rng(0)
+        np.savez(tmp_path / "t.npz", x=rng.normal(size=(400, 6)).astype(np.float32),
+                 y=np.arange(400) % 4)  # fmt: skip
+        settings = {"name": "npz", "root": str(tmp_path / "t.npz"), "alpha": 0.3}
+    cfg = _cfg(tmp_path, **settings)
+    whole = prepare_partition(cfg, 4, 0)
+    own = prepare_partition(cfg, 4, 0, only=2)
+    assert own != whole and own.parent == whole.parent
+    assert sorted(str(p.relative_to(own)) for p in own.rglob("*.npz")) == sorted(
+        ["train/2.npz", "test/2.npz"] + (["global_test.npz"] if name == "synthetic" else [])
+    )
+    meta, full = partition_summary(own), partition_summary(whole)
+    assert meta["only"] == 2 and meta["train_class_counts"] == [full["train_class_counts"][2]]
+    assert meta["test_class_counts"] == [full["test_class_counts"][2]]
+    assert (meta["mean"], meta["std"]) == (full["mean"], full["std"])
+    for path in own.rglob("*.npz"):
+        with np.load(path) as a, np.load(whole / path.relative_to(own)) as b:
+            assert all(np.array_equal(a[k], b[k]) for k in ("x", "y"))
+    data.client._CACHE.clear()
+    mine = load_client_data(cfg, 2, 4, 0, own_only=True)
+    data.client._CACHE.clear()
+    theirs = load_client_data(cfg, 2, 4, 0)
+    assert torch.equal(mine.x_train, theirs.x_train) and torch.equal(mine.y_test, theirs.y_test)
+    with pytest.raises(ConfigError, match="partition id 4"):
+        prepare_partition(cfg, 4, 0, only=4)
+
+
 def test_partition_key_only_tracks_split_settings(tmp_path: Path) -> None:
     base = _cfg(tmp_path, partition="iid")
     key = partition_key(base, 4, 0)
@@ -265,10 +300,10 @@ def test_cache_reuse_does_not_recompute(tmp_path: Path, monkeypatch: pytest.Monk
 def _prepare_in_child(args: tuple[str, str]) -> str:
     cache, log = args
 
-    def logged(cfg: DataConfig, num_partitions: int, seed: int, out: Path) -> None:
+    def logged(cfg: DataConfig, num_partitions: int, seed: int, out: Path, *only: Any) -> None:
         with open(log, "a") as handle:
             handle.write("computed\n")
-        real_write(cfg, num_partitions, seed, out)
+        real_write(cfg, num_partitions, seed, out, *only)
 
     real_write = data.store.write_partition
     data.store.write_partition = logged

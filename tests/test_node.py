@@ -9,6 +9,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+import data.client
 from client_app import profiles
 from client_app.app import app as client_app
 from client_app.base import open_run
@@ -45,6 +46,22 @@ def test_profile_sets_architecture_batch_threads(tmp_path: Path) -> None:
         _context(tmp_path, {"profile": "rpi4"}, "fedara"), 1, methods.get("fedara").client_hook()
     )
     assert fedara.node.arch == "cnn-1" and fedara.notes["tier"][0] == 0.125
+
+
+def test_data_cache_own_keeps_only_the_nodes_files(tmp_path: Path) -> None:
+    """node-config data-cache="own": the node's cache holds its own partition files
+    alone (the same data as the shared whole partition); a bad value is named."""
+    hook = methods.get("lgfedavg").client_hook()
+    own = open_run(_context(tmp_path, {"partition-id": 1, "data-cache": "own"}), 1, hook)
+    cache = Path(own.cfg.data.cache_dir)
+    files = sorted(str(p.relative_to(cache)).split("/", 1)[1] for p in cache.rglob("*.npz"))
+    assert files == ["test/1.npz", "train/1.npz"]
+    data.client._CACHE.clear()  # the process's loaded clients: reload from the cache
+    shared = open_run(_context(tmp_path, {"partition-id": 1, "data-cache": "all"}), 1, hook)
+    assert len(list(cache.rglob("*.npz"))) == 2 + 2 * 3
+    assert torch.equal(own.data.x_train, shared.data.x_train)
+    with pytest.raises(ConfigError, match="node-config data-cache='mine' must be"):
+        open_run(_context(tmp_path, {"data-cache": "mine"}), 1, hook)
 
 
 def test_device_local_npz_is_split_locally(tmp_path: Path) -> None:
