@@ -170,6 +170,8 @@ ADDED = {
     "robust.trim": 0.1,
     "robust.max-norm-ratio": 0.0,
     "robust.min-cosine": -1.0,
+    # FedMRL predicted with the server's shared model before the key existed
+    "fedmrl.predict-with": "sent",
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

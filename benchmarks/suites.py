@@ -202,6 +202,7 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fd", {"algorithm": "fd"}),
         Spec("fedgen", {"algorithm": "fedgen"}),
         Spec("fedmrl", {"algorithm": "fedmrl"}),
+        Spec("fedmrl-trained", {"algorithm": "fedmrl", "fedmrl.predict-with": "trained"}),
         Spec("fedl2g", {"algorithm": "fedl2g"}),
         Spec("fedl2gl", {"algorithm": "fedl2gl"}),
     ],

@@ -16,12 +16,25 @@ from client_app.base import ClientRun, initial_seed
 from client_app.mutual import MutualHook
 from common.messages import SHARED
 from models.matryoshka import MatryoshkaNet
-from models.train import ExtraLoss
+from models.train import EvalStats, ExtraLoss
+
+OWN_SHARED = "own-shared"
+"""run.notes key: the node's copy of the shared model as its last training left it,
+kept by :meth:`FedMRLHook.install` before the server's replaces it."""
+SENT_SHARED = "sent-shared"
+"""run.notes key: the server's shared model, as installed."""
 
 
 class FedMRLHook(MutualHook):
     """``fedmrl``: train the fused model with ``CE(h_k(r)) + CE(h(r[:, :s]))``; upload
-    the shared model; predict with the local head (:class:`MatryoshkaNet`'s forward)."""
+    the shared model; predict with the local head (:class:`MatryoshkaNet`'s forward)
+    and, by ``fedmrl.predict-with``, the server's shared model or the node's own trained
+    copy of it.
+
+    Evaluation diagnostics: ``accuracy-without-shared`` is the prediction with the
+    node's own trained copy instead of the server's (``predict-with = sent``) or the
+    other way round (``trained``); ``shared-head-accuracy`` is the shared head's
+    prediction ``h(r[:, :s])`` alone, as the prediction is made."""
 
     name = "fedmrl"
     prefix = SHARED.rstrip(".")
@@ -52,3 +65,48 @@ class FedMRLHook(MutualHook):
 
     def upload(self, run: ClientRun) -> dict[str, Tensor]:
         return self.shared_state(run)
+
+    def install(self, run: ClientRun, arrays: dict[str, Tensor]) -> None:
+        run.notes[OWN_SHARED] = self._shared_copy(run)
+        super().install(run, arrays)
+        run.notes[SENT_SHARED] = self._shared_copy(run)
+
+    def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
+        if run.cfg.fedmrl.predict_with == "trained" and OWN_SHARED in run.notes:
+            run.model.load_state_dict(run.notes[OWN_SHARED], strict=False)  # kept so
+        stats = super().evaluate(run, x, y)
+        if "shared-head-accuracy" not in run.metrics:  # the local test split's
+            run.metrics["shared-head-accuracy"] = self._shared_head_accuracy(run, x, y)
+        return stats
+
+    def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:
+        other = OWN_SHARED if run.cfg.fedmrl.predict_with == "sent" else SENT_SHARED
+        if other not in run.notes:
+            return None
+        now = self._shared_copy(run)
+        run.model.load_state_dict(run.notes[other], strict=False)
+        try:
+            return super().evaluate(run, x, y)
+        finally:
+            run.model.load_state_dict(now, strict=False)
+
+    def _shared_copy(self, run: ClientRun) -> dict[str, Tensor]:
+        return {k: v.clone() for k, v in self.shared_state(run).items()}
+
+    @staticmethod
+    @torch.no_grad()
+    def _shared_head_accuracy(run: ClientRun, x: Tensor, y: Tensor) -> float:
+        model = run.model
+        if not isinstance(model, MatryoshkaNet) or len(y) == 0:
+            return 0.0
+        was = model.training
+        model.eval()
+        try:
+            correct = 0
+            for start in range(0, len(y), 512):
+                reps = model.features(x[start : start + 512])
+                hits = model.shared_logits(reps).argmax(1) == y[start : start + 512]
+                correct += int(hits.sum())
+        finally:
+            model.train(was)
+        return correct / len(y)

@@ -244,6 +244,11 @@ class FedMRLConfig(Section):
     """``s``: the shared model's representation size (its ``RM`` pools to ``s``) and the
     leading coordinates of the fused representation its head reads (HtFLlib's
     ``sub_feature_dim``, 128); at most ``d``."""
+    predict_with: Literal["sent", "trained"] = "sent"
+    """The shared model a node predicts (and is evaluated and exported) with: ``sent``,
+    the server's mean it was sent (HtFLlib's), or ``trained``, the node's own copy as
+    its last local training left it (the one its projector and head were trained
+    with)."""
 
 
 class FedGenConfig(Section):

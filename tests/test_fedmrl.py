@@ -219,6 +219,49 @@ def test_the_trained_projector_is_where_the_next_round_starts(
         np.testing.assert_array_equal(kept[key].numpy(), uploaded)
 
 
+@pytest.mark.parametrize("predict_with", ["sent", "trained"])
+def test_prediction_uses_the_shared_model_predict_with_names(
+    tmp_path: Path, predict_with: str
+) -> None:
+    """An evaluation predicts with the server's shared model (``sent``) or the node's own
+    trained copy (``trained``), keeps that model for export, and reports the other as
+    accuracy-without-shared and the shared head's own accuracy as a diagnostic."""
+    hook = methods.get("fedmrl").client_hook()
+    ctx = client_context(tmp_path, "fedmrl", pid=0, **{"fedmrl.predict-with": predict_with})
+    sent = {k: v.clone() for k, v in hook.shared_state(open_run(ctx, 1, hook)).items()}
+    train_message(hook, ConfigRecord({"server-round": 1}), to_record(sent), ctx)
+    run = open_run(ctx, 1, hook, training=False)
+    own = {k: v.clone() for k, v in hook.shared_state(run).items()}
+    assert not all(torch.equal(own[k], sent[k]) for k in sent)  # trained in round 1
+    server = {k: v + 0.05 * torch.randn_like(v) for k, v in sent.items()}
+    run.received = dict(server)
+    hook.install(run, run.received)
+    x, y = run.data.x_test, run.data.y_test
+
+    def scored_with(shared: dict[str, torch.Tensor]) -> tuple[float, float]:
+        """The own head's summed CE loss and the shared head's accuracy."""
+        model = copy.deepcopy(run.model)
+        model.load_state_dict(shared, strict=False)
+        model.eval()
+        with torch.no_grad():
+            reps = model.features(x)
+            loss = float(F.cross_entropy(model.head(reps), y, reduction="sum"))
+            shared_head = float((model.shared_logits(reps).argmax(1) == y).float().mean())
+        return loss, shared_head
+
+    predicted, other = (server, own) if predict_with == "sent" else (own, server)
+    assert abs(scored_with(predicted)[0] - scored_with(other)[0]) > 1e-3  # they differ
+    stats = hook.evaluate(run, x, y)
+    want, want_shared_head = scored_with(predicted)
+    assert stats.loss_sum == pytest.approx(want, rel=1e-5)
+    assert run.metrics["shared-head-accuracy"] == pytest.approx(want_shared_head, abs=1e-6)
+    without = hook.evaluate_without_shared(run, x, y)
+    assert without is not None
+    assert without.loss_sum == pytest.approx(scored_with(other)[0], rel=1e-5)
+    for key, value in predicted.items():  # what stays installed (kept for export)
+        torch.testing.assert_close(run.model.state_dict()[key], value, rtol=0, atol=0)
+
+
 @pytest.mark.slow  # the full tier also runs fedmrl end to end (test_eval_mode, test_reference)
 def test_two_rounds_in_process_learn(tmp_path: Path) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fedmrl")  # 3 nodes, synthetic data
