@@ -618,7 +618,9 @@ requests for a task until a message arrives (at most {TASK_HOLD_S:g} s), and ask
 {STOP_CHECK_S:g} s whether the run was stopped (`flwr stop`). Against `fedhet superlink`,
 which offers it, an empty poll is held by the SuperLink until the node's message is
 there (up to 45 s) and the time held is taken off the node's next wait
-(`FEDHET_HELD_PULLS=0`: never asks).
+(`FEDHET_HELD_PULLS=0`: never asks); where it also offers that, a held poll stands for
+a heartbeat, and the node sends one only when no recent poll did
+(`FEDHET_POLL_HEARTBEATS=0`: every heartbeat is sent).
 
 `FEDHET_NODE_POLL=fast`: polls every {SUPERNODE_POLL_S:g} s from each reply on, growing
 by {FAST_GROWTH:g} s per second waited up to {FLOWER_IDLE_PULL_S:g} s, and answers the
@@ -631,7 +633,8 @@ Flower's Control API middlewares run only on Control API requests (a node's or t
 ServerApp's request skips them); with the state in memory a node's poll looks only at
 its own messages (Flower checks every stored message on every poll), gets a message
 only once all its objects are there, and a node's empty poll is held up to 45 s
-(`FEDHET_HOLD_S`) until its message is (`fedhet supernode` asks for it); idle
+(`FEDHET_HOLD_S`) until its message is (`fedhet supernode` asks for it) and, when it
+declares the node's heartbeat interval, taken as the node's heartbeat; idle
 connections are kept 60 s
 (`FEDHET_KEEPALIVE_S`; Flower: 5 s) and every answer says so (`Keep-Alive`), which
 `fedhet supernode` follows. Each change falls back to Flower's own behaviour, with one

@@ -39,7 +39,13 @@ the code it was checked against:
   :data:`HOLD_S`) seconds and answered as soon as a whole message for it is there; the
   answer says how long it was held (``x-fedhet-held``). Without it a node polls
   ahead of its message and more often as it comes due: 10-13 polls per node-round.
-  ``FEDHET_HOLD_S`` (default :data:`HOLD_S`; 0: never hold).
+  ``FEDHET_HOLD_S`` (default :data:`HOLD_S`; 0: never hold). A held poll that
+  declares a heartbeat interval (``x-fedhet-alive: I``, which ``fedhet supernode``
+  sends once the answers name ``x-fedhet-alive-polls: 1``) is also the node's
+  heartbeat (:func:`acknowledge`): the state holds the node online for
+  ``HEARTBEAT_PATIENCE`` (2) x ``I`` from its arrival, as for Flower's own heartbeat,
+  and the node sends fewer of those (a held poll keeps it on the line with the
+  SuperLink most of the time anyway).
 
 The SQLite state (``--database FILE``) finds a node's messages with one query and is
 left as Flower has it.
@@ -78,6 +84,7 @@ grows by as much), below the 60 s a reverse proxy commonly allows an answer."""
 HOLD_MAX_S = 120.0
 PULL_PATH = "/v1/fleet/pull-messages"
 FLEET_PB = "flwr.proto.fleet_pb2"
+CONSTANT = "flwr.common.constant"
 RECHECK_S = (0.2, 2.0)
 """A held poll woken by a message whose objects have not all arrived looks again after
 the first, doubling up to the second."""
@@ -316,7 +323,13 @@ class HeldPulls:
     """An ASGI middleware that holds a node's empty poll (``x-fedhet-hold: S``) up to
     ``S`` seconds (at most ``hold_s``) until a whole message for the node is there,
     then answers with Flower's own handler (:func:`held_pulls` puts
-    :class:`AnswerHeaders` around it, which offers the hold in every answer)."""
+    :class:`AnswerHeaders` around it, which offers the hold in every answer).
+
+    Such a poll that declares a heartbeat interval (``x-fedhet-alive: I``,
+    :func:`alive_interval`) is acknowledged as the node's heartbeat with that interval
+    (:func:`acknowledge`) once Flower's stack has answered it with 200, i.e. has
+    taken it (with SuperNode authentication on, as from that node): on its arrival,
+    before it is held and long before its answer goes out."""
 
     def __init__(self, app: ASGIApp, hold_s: float) -> None:
         self.app = app
@@ -336,6 +349,7 @@ class HeldPulls:
             hold = min(self.hold_s, max(0.0, float(asked)))
         except ValueError:
             hold = 0.0
+        alive = alive_interval(header(scope, b"x-fedhet-alive"))
         body = await read_body(receive)
         try:
             request = importlib.import_module(FLEET_PB).PullMessagesRequest
@@ -349,6 +363,10 @@ class HeldPulls:
         try:
             while True:
                 answer = await answered(self.app, dict(scope), body)
+                if alive is not None:  # once, as Flower's stack took the poll
+                    if node_id and answer.start.get("status") == 200:
+                        acknowledge(node_id, alive)
+                    alive = None
                 left = deadline - time.monotonic()
                 if node_id is None or left <= 0 or not answer.empty():
                     break
@@ -443,12 +461,65 @@ def holds_header(hold_s: float) -> tuple[bytes, bytes]:
     return (b"x-fedhet-holds", b"%g" % hold_s)
 
 
+ALIVE_POLLS_HEADER = (b"x-fedhet-alive-polls", b"1")
+"""What every answer says once a held poll can stand for a heartbeat
+(:func:`alive_offer`)."""
+
+
+def alive_offer() -> tuple[tuple[bytes, bytes], ...]:
+    """:data:`ALIVE_POLLS_HEADER` once the SuperLink serves a state whose held polls
+    it acknowledges as heartbeats (an in-memory state, indexed by the first poll);
+    nothing for a state it cannot (SQLite), whose nodes keep their heartbeats."""
+    return (ALIVE_POLLS_HEADER,) if WAITING.states else ()
+
+
+def alive_interval(text: bytes | None) -> float | None:
+    """The heartbeat interval a poll declares (``x-fedhet-alive``), within Flower's
+    ``[HEARTBEAT_MIN_INTERVAL, HEARTBEAT_MAX_INTERVAL]``; None: no header, or not a
+    positive finite number."""
+    value = None if text is None else number(text)
+    if value is None or value <= 0:
+        return None
+    constant = importlib.import_module(CONSTANT)
+    low, high = float(constant.HEARTBEAT_MIN_INTERVAL), float(constant.HEARTBEAT_MAX_INTERVAL)
+    return min(high, max(low, value))
+
+
+def number(text: bytes) -> float | None:
+    """A finite number (None: not one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if abs(value) < float("inf") else None
+
+
+def acknowledge(node_id: int, interval: float) -> bool:
+    """Node ``node_id``'s heartbeat with ``interval`` seconds, acknowledged in every
+    indexed state (Flower's ``acknowledge_node_heartbeat``: online until now +
+    ``HEARTBEAT_PATIENCE`` x ``interval``; a node it does not know: False). On the
+    event loop: the in-memory state's lock is held for a dictionary update."""
+    done = False
+    for state in list(WAITING.states):
+        try:
+            done = bool(state.acknowledge_node_heartbeat(node_id, interval)) or done
+        except Exception:  # noqa: BLE001 - not acknowledged: Flower's handler still answers
+            continue
+    return done
+
+
 def held_pulls(hold_s: float = HOLD_S) -> None:
     """Part ``superlink-held-pulls``: :class:`HeldPulls` in front of Flower's stack,
-    every answer offering the hold (:func:`holds_header`)."""
+    every answer offering the hold (:func:`holds_header`) and, once it applies, a
+    held poll as a heartbeat (:func:`alive_offer`)."""
     from starlette.middleware import Middleware
 
-    in_front([Middleware(AnswerHeaders, holds_header(hold_s)), Middleware(HeldPulls, hold_s)])
+    in_front(
+        [
+            Middleware(AnswerHeaders, holds_header(hold_s), offered=alive_offer),
+            Middleware(HeldPulls, hold_s),
+        ]
+    )
 
 
 def in_front(middleware: list[Any]) -> None:
@@ -504,11 +575,18 @@ def with_headers(start: dict, headers: Any) -> dict:
 
 
 class AnswerHeaders:
-    """An ASGI middleware that adds ``headers`` to every HTTP answer."""
+    """An ASGI middleware that adds ``headers`` to every HTTP answer, and those
+    ``offered()`` names as the answer starts."""
 
-    def __init__(self, app: ASGIApp, *headers: tuple[bytes, bytes]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *headers: tuple[bytes, bytes],
+        offered: Callable[[], tuple[tuple[bytes, bytes], ...]] | None = None,
+    ) -> None:
         self.app = app
         self.headers = headers
+        self.offered = offered
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -517,7 +595,8 @@ class AnswerHeaders:
 
         async def sending(message: dict) -> None:
             if message.get("type") == "http.response.start":
-                message = with_headers(message, self.headers)
+                more = self.offered() if self.offered is not None else ()
+                message = with_headers(message, (*self.headers, *more))
             await send(message)
 
         await self.app(scope, receive, sending)

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from logging import DEBUG, INFO, WARNING
 from typing import Any
@@ -131,6 +132,87 @@ def held_s() -> float:
     return float(getattr(HELD, "seconds", 0.0))
 
 
+ALIVE_OFFER = "x-fedhet-alive-polls"
+"""The SuperLink's answers name it (``1``) while it takes a held poll that declares a
+heartbeat interval (``x-fedhet-alive``) as the node's heartbeat."""
+
+
+class PollAlive:
+    """One Fleet API client's held polls that stand for its node's heartbeats.
+
+    ``fedhet superlink`` acknowledges a held poll that declares an interval
+    (``x-fedhet-alive: I``) as the node's heartbeat on its arrival: it holds the node
+    online for ``HEARTBEAT_PATIENCE`` (2) x ``I`` from then on, as for a heartbeat
+    sent when the poll was. :func:`follow_superlink` notes each such poll here as it
+    is sent, and how it ended; the node's heartbeat sender (:func:`load_aware_heartbeats`)
+    reads it. Per client, not per process: the fleet emulator runs many nodes in one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._request: Any = None
+        self.sent: float | None = None
+        """When (``time.monotonic``) the latest such poll was sent (None: none, or it
+        failed)."""
+        self.interval = 0.0
+        """The interval it declared."""
+        self.in_flight = False
+        """It has not been answered yet (it may not have reached the SuperLink)."""
+        self.answered: tuple[float, float] | None = None
+        """When the latest such poll answered with 2xx was sent, and its interval."""
+
+    def sending(self, request: Any, interval: float, now: float) -> None:
+        """Poll ``request`` declares ``interval`` and is sent at ``now``."""
+        with self._lock:
+            self._request, self.sent, self.interval, self.in_flight = request, now, interval, True
+
+    def ended(self, request: Any, ok: bool) -> None:
+        """Poll ``request`` was answered with 2xx by a SuperLink that still offers
+        (``ok``), or not (another answer, a transport error): then no poll stands for a
+        heartbeat until the next one is sent. Any other request: nothing."""
+        with self._lock:
+            if request is not self._request:
+                return
+            self._request, self.in_flight = None, False
+            if ok and self.sent is not None:
+                self.answered = (self.sent, self.interval)
+            else:
+                self.sent = None
+
+    def view(self) -> tuple[float | None, float, bool, tuple[float, float] | None]:
+        """``(sent, interval, in_flight, answered)``, read together."""
+        with self._lock:
+            return self.sent, self.interval, self.in_flight, self.answered
+
+
+POLL_ALIVE: weakref.WeakKeyDictionary[Any, PollAlive] = weakref.WeakKeyDictionary()
+"""Each Fleet API client's :class:`PollAlive`, by its ``httpx.Client``
+(:func:`follow_superlink` fills it)."""
+
+
+class AliveInterval:
+    """What a held poll declares: ``declared()``, the interval the node's heartbeat
+    would declare now (set by :func:`load_aware_heartbeats` while polls stand for
+    heartbeats; None: polls declare nothing)."""
+
+    declared: Callable[[], float] | None = None
+
+
+def polls_of(heartbeat_fn: Any) -> PollAlive | None:
+    """The :class:`PollAlive` of the Fleet API client a heartbeat function sends on:
+    Flower's ``send_node_heartbeat`` (``http_request_response``) closes over that
+    client as ``client`` (a ``FleetHttpClient``, its ``httpx.Client`` in
+    ``_client``). None: not such a function, or a client nobody followed."""
+    code = getattr(heartbeat_fn, "__code__", None)
+    cells = getattr(heartbeat_fn, "__closure__", None) or ()
+    if code is None or "client" not in code.co_freevars:
+        return None
+    try:
+        fleet = cells[code.co_freevars.index("client")].cell_contents
+        return POLL_ALIVE.get(getattr(fleet, "_client", None))
+    except (IndexError, ValueError, TypeError):  # empty cell; no weak reference to it
+        return None
+
+
 def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | None = None) -> None:
     """Follow what the SuperLink's answers to ``client`` (an ``httpx.Client``) name:
     ``learn(seconds)`` whenever its keep-alive changes (:data:`KEEPALIVE_S` at first,
@@ -138,9 +220,15 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
     poll (``x-fedhet-holds``, ``fedhet superlink``), each poll asks for that hold
     (``x-fedhet-hold``, at most :data:`HOLD_MAX_S`; ``hold`` False or
     ``FEDHET_HELD_PULLS=0``: never) with its read timeout longer by as much, and
-    :func:`held_s` says how long the poll was held (``x-fedhet-held``)."""
-    known = {"keepalive": KEEPALIVE_S, "holds": 0.0}
+    :func:`held_s` says how long the poll was held (``x-fedhet-held``).
+
+    While the answers also name :data:`ALIVE_OFFER` and :attr:`AliveInterval.declared`
+    is set, each held poll declares the interval the node's heartbeat would declare
+    now (``x-fedhet-alive``), noted in the client's :class:`PollAlive`
+    (:data:`POLL_ALIVE`) as it is sent and as it ends."""
+    known = {"keepalive": KEEPALIVE_S, "holds": 0.0, "alive": False}
     asking = switch("FEDHET_HELD_PULLS") if hold is None else hold
+    alive = POLL_ALIVE.setdefault(client, PollAlive())
 
     def on_response(response: Any) -> None:
         value = keep_alive_of(response)
@@ -152,6 +240,7 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
         holds = number(response.headers.get("x-fedhet-holds"))
         if holds is not None:
             known["holds"] = min(holds, HOLD_MAX_S)
+        known["alive"] = response.headers.get(ALIVE_OFFER) == "1"
         if response.request.url.path == PULL_PATH:
             HELD.seconds = number(response.headers.get("x-fedhet-held")) or 0.0
 
@@ -163,11 +252,29 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
                 timeout = dict(request.extensions.get("timeout") or {})
                 timeout["read"] = (timeout.get("read") or 30.0) + known["holds"]
                 request.extensions["timeout"] = timeout
+                declared = AliveInterval.declared
+                if known["alive"] and declared is not None:
+                    interval = declared()
+                    request.headers["x-fedhet-alive"] = f"{interval:g}"
+                    alive.sending(request, interval, time.monotonic())
+
+    send = client.send
+
+    def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
+        """``client.send``: a poll noted in :class:`PollAlive` ends with its answer."""
+        try:
+            response = send(request, *args, **kwargs)
+        except BaseException:
+            alive.ended(request, False)
+            raise
+        alive.ended(request, response.is_success and response.headers.get(ALIVE_OFFER) == "1")
+        return response
 
     hooks = dict(client.event_hooks)
     hooks["request"] = [*hooks.get("request", ()), on_request]
     hooks["response"] = [*hooks.get("response", ()), on_response]
     client.event_hooks = hooks
+    client.send = sending
 
 
 def number(text: str | None) -> float | None:
@@ -1177,19 +1284,37 @@ class PatientPulls:
         return content
 
 
-def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:
+def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) -> None:
     """Flower's SuperNode heartbeats, their interval stretched by the SuperLink's load
     (:meth:`ServerLoad.slowdown`): each heartbeat declares Flower's interval (30 s)
     times the slowdown, and the next one follows Flower's own rule for that interval
     (``(interval - 5 s) x 0.8 +- 0.1``). The SuperLink holds a node online for 2 x the
     interval its last heartbeat declared, so a node that sends fewer is not declared
-    unavailable. The time each heartbeat takes is noted as a pull's is."""
+    unavailable. The time each heartbeat takes is noted as a pull's is.
+
+    With ``polls`` (default: ``FEDHET_POLL_HEARTBEATS``, on), a held poll stands for a
+    heartbeat where the SuperLink offers it (:class:`PollAlive`): each declares the
+    interval a heartbeat would declare now, and no heartbeat is sent while the
+    latest one of the node's own client was sent less than that rule's wait ago; the
+    sender waits until then and looks again. A poll still in flight (it may not have
+    reached the SuperLink) stands for one only up to one interval after the latest
+    heartbeat or answered poll. Only here: with ``FEDHET_LOAD_AWARE=0`` (or this part
+    off) polls declare nothing and every heartbeat is sent, as in Flower."""
     conn = importlib.import_module(FLEET_CONNECTION)
     base = flower_internal("flwr.supercore.heartbeat", "HeartbeatSender")
     constant = importlib.import_module("flwr.common.constant")
     interval = float(constant.HEARTBEAT_DEFAULT_INTERVAL)
     timeout, top = constant.HEARTBEAT_CALL_TIMEOUT, constant.HEARTBEAT_MAX_INTERVAL
     share, spread = constant.HEARTBEAT_BASE_MULTIPLIER, constant.HEARTBEAT_RANDOM_RANGE
+    polls = switch("FEDHET_POLL_HEARTBEATS") if polls is None else polls
+
+    def declared() -> float:
+        """The interval a heartbeat declares now."""
+        return float(min(top, round(interval * load.slowdown(), 1)))
+
+    def wait_for(seconds: float) -> float:
+        """Flower's wait after a heartbeat that declared ``seconds``."""
+        return float((seconds - timeout) * (share + random.uniform(*spread)))
 
     class LoadAwareHeartbeats(base):  # type: ignore[misc, valid-type]
         sent = interval
@@ -1197,18 +1322,41 @@ def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:
         online for 2 x that, so the next heartbeat follows from it, not from the load
         seen since (a slow answer raises the slowdown; a wait for the new, longer
         interval would outlast the old one's 2 x and the node would go offline)."""
+        beat_at: float | None = None
+        """When (``time.monotonic``) the latest heartbeat that got through was sent."""
 
         def declared(self) -> float:
-            return float(min(top, round(interval * load.slowdown(), 1)))
+            return declared()
 
         def _run(self) -> None:
+            alive = polls_of(self.heartbeat_fn) if polls else None
             while not self._stop_event.is_set():
+                until = self.covered_until(alive)
+                if until is not None:  # a held poll stands for this heartbeat
+                    self._stop_event.wait(until - time.monotonic())
+                    continue
                 self._retry_invoker.invoke(self._heartbeat)
                 self._stop_event.wait(self.wait())
 
         def wait(self) -> float:
             """Flower's rule for the interval the last heartbeat declared."""
-            return (self.sent - timeout) * (share + random.uniform(*spread))
+            return wait_for(self.sent)
+
+        def covered_until(self, alive: PollAlive | None) -> float | None:
+            """Until when (``time.monotonic``) the client's latest held poll stands for
+            the heartbeat due now (None: it does not; send it)."""
+            if alive is None:
+                return None
+            sent, seconds, in_flight, answered = alive.view()
+            if sent is None:
+                return None
+            until = sent + wait_for(seconds)
+            if in_flight:  # not known to have arrived: as far as the last known one goes
+                known = [answered] if answered is not None else []
+                if self.beat_at is not None:
+                    known.append((self.beat_at, self.sent))
+                until = min(until, max((t + i for t, i in known), default=-float("inf")))
+            return until if until > time.monotonic() else None
 
         def _heartbeat(self) -> None:
             self.sent = self.declared()
@@ -1216,9 +1364,11 @@ def load_aware_heartbeats(load: ServerLoad = LOAD) -> None:
             start = time.monotonic()
             try:
                 super()._heartbeat()
+                self.beat_at = start
             finally:
                 load.note(time.monotonic() - start)
 
+    AliveInterval.declared = declared if polls else None
     replace(conn, "HeartbeatSender", LoadAwareHeartbeats)
 
 

@@ -217,10 +217,13 @@ PARTS: tuple[Part, ...] = (
     Part(
         "load-aware-idle",
         "a node whose SuperLink answers late polls, sends its heartbeats and asks again "
-        "for a message's missing objects less often (Flower: a heartbeat every ~20 s, "
+        "for a message's missing objects less often; no heartbeat while its held polls, "
+        "once the SuperLink offers it, stand for them (Flower: a heartbeat every ~20 s, "
         "a missing object every 0.5 s, whatever the load)",
         (
             "flwr.supernode.fleet_http_connection:HeartbeatSender",
+            "flwr.supercore.protobuf.client:ProtobufClient.__init__",
+            "flwr.supercore.protobuf.client:ProtobufClient._send",
             f"{OBJECTS}:ObjectUnavailableError",
             f"{OBJECTS}:pull_objects",
             f"{SUPERNODE}:_pull_and_store_message",
@@ -303,13 +306,20 @@ PARTS: tuple[Part, ...] = (
         "superlink-held-pulls",
         "with superlink-node-index, a node's empty poll is held until a whole message "
         "for it is there (up to 45 s; fedhet supernode asks for it), then answered by "
-        "Flower's handler (Flower: answered at once, the node polls again)",
+        "Flower's handler, and is the node's heartbeat when it declares an interval "
+        "(Flower: answered at once, the node polls again; heartbeats apart)",
         (
             "flwr.superlink.routers.fleet.router:fleet_pull_messages",
             "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
             "flwr.proto.fleet_pb2:PullMessagesRequest",
             "flwr.proto.fleet_pb2:PullMessagesResponse",
             "flwr.superlink.main:_get_middleware",
+            f"{MEMORY_STATE}:InMemoryLinkState.acknowledge_node_heartbeat",
+            "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware",
+            "flwr.superlink.routers.fleet.node_auth:authenticate_node",
+            "flwr.common.constant:HEARTBEAT_MIN_INTERVAL",
+            "flwr.common.constant:HEARTBEAT_MAX_INTERVAL",
+            "flwr.common.constant:HEARTBEAT_PATIENCE",
         ),
         "polls answered at once",
         "superlink",

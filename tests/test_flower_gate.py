@@ -121,6 +121,7 @@ def test_the_supernode_leaves_flowers_loop_alone_when_run_watch_does_not_fit(
         (importlib.import_module(gate.OBJECTS), "get_num_workers"),
     ):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    monkeypatch.setattr(cli_supernode.AliveInterval, "declared", None)
     gate.verdict("entry-points")  # checked before the entry point is replaced below
     _mismatch(monkeypatch, "body")
     stock_push, stock_pull = loop._push_messages, loop._pull_and_store_message

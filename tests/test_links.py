@@ -404,6 +404,8 @@ class _CountingHttp:
         """A ``Keep-Alive`` header to send with each answer (None: none)."""
         self.extra: dict[str, str] = {}
         """More headers to send with each answer."""
+        self.status = 200
+        """The status of each answer."""
         self.seen: list[tuple[str, dict[str, str]]] = []
         """Each request's path and headers."""
         server = self
@@ -421,7 +423,7 @@ class _CountingHttp:
                 server.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 if server.barrier is not None:
                     server.barrier.wait()
-                self.send_response(200)
+                self.send_response(server.status)
                 self.send_header("content-length", "2")
                 if server.keep_alive is not None:
                     self.send_header("keep-alive", server.keep_alive)
@@ -614,6 +616,260 @@ def test_a_node_asks_for_the_hold_its_superlink_offers_on_polls_only(
         assert asked == [None] * 5
         assert [t["read"] for t in timeouts] == [30.0] * 5
     assert held_after_poll == 12.5 and held_after_unheld == 0.0
+
+
+@pytest.fixture
+def declared(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """Polls declare the interval this list ends with (as load_aware_heartbeats'
+    ``declared`` would say)."""
+    from cli import supernode as sn
+
+    intervals = [42.5]
+    monkeypatch.setattr(sn.AliveInterval, "declared", lambda: intervals[-1])
+    yield intervals
+
+
+def test_once_offered_a_held_poll_declares_the_nodes_heartbeat_interval(
+    counting_http: _CountingHttp, declared: list[float]
+) -> None:
+    """Once the SuperLink's answers name ``x-fedhet-alive-polls: 1``, each held poll
+    carries ``x-fedhet-alive`` with the interval a heartbeat would declare now, and
+    the client's PollAlive notes when it was sent (in flight until its answer, then
+    answered); other requests, and polls before the offer, carry none."""
+    import httpx
+
+    from cli.supernode import POLL_ALIVE, PULL_PATH, follow_superlink
+
+    pulls = counting_http.url + PULL_PATH
+    with httpx.Client() as client:
+        follow_superlink(client, lambda s: None, hold=True)
+        alive = POLL_ALIVE[client]
+        counting_http.extra = {"x-fedhet-holds": "20"}
+        client.post(pulls)  # learns the hold; no alive offer yet
+        client.post(pulls)
+        assert alive.view() == (None, 0.0, False, None)
+        counting_http.extra = {"x-fedhet-holds": "20", "x-fedhet-alive-polls": "1"}
+        client.post(counting_http.url + "/v1/fleet/push-messages")  # learns the offer
+        seen: list[tuple[float | None, bool]] = []
+
+        def noted(request: httpx.Request) -> None:  # after follow_superlink's hook
+            if request.url.path == PULL_PATH:
+                seen.append((alive.sent, alive.in_flight))
+
+        client.event_hooks["request"].append(noted)
+        before = time.monotonic()
+        client.post(pulls)
+        after = time.monotonic()
+        declared.append(61.0)
+        client.post(counting_http.url + "/v1/fleet/send-node-heartbeat")
+        client.post(pulls)
+    asked = [h.get("x-fedhet-alive") for _, h in counting_http.seen]
+    assert asked == [None, None, None, "42.5", None, "61"]
+    sent, interval, in_flight, answered = alive.view()
+    assert interval == 61.0 and not in_flight and answered == (sent, 61.0)
+    first_sent, first_in_flight = seen[0]
+    assert first_in_flight and first_sent is not None and before <= first_sent <= after
+
+
+def test_a_poll_not_held_declares_nothing(
+    counting_http: _CountingHttp, declared: list[float]
+) -> None:
+    """FEDHET_HELD_PULLS=0 (``hold`` False): no poll asks to be held, none declares."""
+    import httpx
+
+    from cli.supernode import POLL_ALIVE, PULL_PATH, follow_superlink
+
+    counting_http.extra = {"x-fedhet-holds": "20", "x-fedhet-alive-polls": "1"}
+    with httpx.Client() as client:
+        follow_superlink(client, lambda s: None, hold=False)
+        client.post(counting_http.url + PULL_PATH)
+        client.post(counting_http.url + PULL_PATH)
+        assert POLL_ALIVE[client].sent is None
+    assert [h.get("x-fedhet-alive") for _, h in counting_http.seen] == [None, None]
+
+
+@pytest.mark.parametrize("how", ["status", "transport", "offer-gone"])
+def test_a_poll_that_failed_stands_for_no_heartbeat(
+    counting_http: _CountingHttp, declared: list[float], how: str
+) -> None:
+    """A declaring poll answered with a non-2xx status, one that never got an answer
+    (the SuperLink gone), or one whose answer no longer offers it (a SuperLink
+    started again without the part): the client's PollAlive forgets it."""
+    import httpx
+
+    from cli.supernode import POLL_ALIVE, PULL_PATH, follow_superlink
+
+    offer = {"x-fedhet-holds": "20", "x-fedhet-alive-polls": "1"}
+    counting_http.extra = offer
+    with httpx.Client() as client:
+        follow_superlink(client, lambda s: None, hold=True)
+        alive = POLL_ALIVE[client]
+        client.post(counting_http.url + PULL_PATH)  # learns the offer
+        client.post(counting_http.url + PULL_PATH)
+        assert alive.sent is not None and alive.answered is not None
+        if how == "status":
+            counting_http.status = 503
+            client.post(counting_http.url + PULL_PATH)
+        elif how == "offer-gone":
+            counting_http.extra = {"x-fedhet-holds": "20"}
+            client.post(counting_http.url + PULL_PATH)
+        else:  # nobody listens there: refused
+            with pytest.raises(httpx.TransportError):
+                client.post(f"http://127.0.0.1:{free_port()}{PULL_PATH}")
+        sent, _, in_flight, answered = alive.view()
+        assert sent is None and not in_flight and answered is not None  # the earlier one
+    if how != "transport":
+        assert counting_http.seen[-1][1].get("x-fedhet-alive") == "42.5"
+
+
+def test_two_clients_of_one_process_keep_their_own_polls(
+    counting_http: _CountingHttp, declared: list[float]
+) -> None:
+    """The fleet emulator runs many nodes in one process: a poll of one client is
+    noted for that client only."""
+    import httpx
+
+    from cli.supernode import POLL_ALIVE, PULL_PATH, follow_superlink
+
+    counting_http.extra = {"x-fedhet-holds": "20", "x-fedhet-alive-polls": "1"}
+    with httpx.Client() as one, httpx.Client() as two:
+        for client in (one, two):
+            follow_superlink(client, lambda s: None, hold=True)
+            client.post(counting_http.url + "/v1/fleet/get-run")  # learns the offer
+        one.post(counting_http.url + PULL_PATH)
+        assert POLL_ALIVE[one].sent is not None and POLL_ALIVE[two].sent is None
+        assert POLL_ALIVE[one] is not POLL_ALIVE[two]
+
+
+def _heartbeat_senders(
+    monkeypatch: pytest.MonkeyPatch, polls: bool | None
+) -> tuple[Any, list[object]]:
+    """Flower's heartbeat sender class made by load_aware_heartbeats (restored after
+    the test), and the list each heartbeat function appends its client to."""
+    from flwr.supernode import fleet_http_connection as conn
+
+    from cli import supernode as sn
+    from cli.pacing import ServerLoad
+
+    monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
+    monkeypatch.setattr(conn, "HEARTBEAT_DEFAULT_INTERVAL", conn.HEARTBEAT_DEFAULT_INTERVAL)
+    monkeypatch.setattr(sn.AliveInterval, "declared", None)
+    sn.load_aware_heartbeats(ServerLoad(), polls=polls)
+    return conn.HeartbeatSender, []
+
+
+def _beat_for(fleet: object, beats: list[object]) -> Any:
+    """A heartbeat function shaped as Flower's ``send_node_heartbeat``: a closure over
+    its Fleet API client, named ``client``."""
+    client = fleet
+
+    def send_node_heartbeat() -> bool:
+        beats.append(client)
+        return True
+
+    return send_node_heartbeat
+
+
+def _first_wait(sender: Any) -> float:
+    """The first wait ``_run`` takes (it stops there)."""
+    seen: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        seen.append(seconds)
+        sender._stop_event.set()
+        return True
+
+    sender._stop_event = threading.Event()
+    sender._stop_event.wait = wait
+    sender._run()
+    return seen[0]
+
+
+def _node(http: object) -> Any:
+    """A Fleet API client as Flower's (its httpx client in ``_client``), with a
+    PollAlive for it."""
+    from types import SimpleNamespace
+
+    from cli.supernode import POLL_ALIVE, PollAlive
+
+    POLL_ALIVE[http] = PollAlive()
+    return SimpleNamespace(_client=http)
+
+
+class _Http:
+    """Stands for an ``httpx.Client`` (a key of POLL_ALIVE)."""
+
+
+def test_a_recent_held_poll_stands_for_its_own_clients_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """load-aware-idle with poll heartbeats: the sender of a node whose client sent a
+    declaring poll less than the heartbeat's wait ago sends nothing and waits until
+    that poll's time + the wait; the sender of another client of the same process,
+    whose poll is older than that, sends its heartbeat; a sender whose client has no
+    PollAlive (none found) sends as before."""
+    from cli import supernode as sn
+
+    senders, beats = _heartbeat_senders(monkeypatch, polls=True)
+    assert sn.AliveInterval.declared is not None and sn.AliveInterval.declared() == 30.0
+    recent, old, unknown = _node(_Http()), _node(_Http()), object()
+    now = time.monotonic()
+    for fleet, at in ((recent, now - 1.0), (old, now - 30.0)):
+        poll = object()
+        sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, at)
+        sn.POLL_ALIVE[fleet._client].ended(poll, True)
+    wait = _first_wait(senders(_beat_for(recent, beats)))
+    assert beats == []
+    # until the poll's time + Flower's wait for its interval: (30 - 5) x (0.8 +- 0.1) - 1,
+    # less the time this took
+    assert 0 < wait <= 0.9 * 25 - 1.0
+    for fleet in (old, unknown):
+        wait = _first_wait(senders(_beat_for(fleet, beats)))
+        assert beats[-1] is fleet and 0.7 * 25 <= wait <= 0.9 * 25
+    assert beats == [old, unknown]
+
+
+def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll not answered yet may not have reached the SuperLink: it stands for a
+    heartbeat only up to one interval after the latest answered poll (or heartbeat).
+    After one answered 2 s ago: skipped; after one answered 100 s ago, or none: sent."""
+    from cli import supernode as sn
+
+    senders, beats = _heartbeat_senders(monkeypatch, polls=True)
+    for answered_ago, skipped in ((2.0, True), (100.0, False), (None, False)):
+        fleet = _node(_Http())
+        alive = sn.POLL_ALIVE[fleet._client]
+        now = time.monotonic()
+        if answered_ago is not None:
+            earlier = object()
+            alive.sending(earlier, 30.0, now - answered_ago)
+            alive.ended(earlier, True)
+        alive.sending(object(), 30.0, now - 1.0)  # in flight
+        before = len(beats)
+        _first_wait(senders(_beat_for(fleet, beats)))
+        assert (len(beats) == before) is skipped, answered_ago
+
+
+@pytest.mark.parametrize("how", ["failed", "switched-off"])
+def test_without_a_standing_poll_the_heartbeat_is_sent(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A recent poll that failed stands for nothing; FEDHET_POLL_HEARTBEATS=0 turns
+    the node side off (polls declare nothing, every heartbeat is sent)."""
+    from cli import supernode as sn
+
+    if how == "switched-off":
+        monkeypatch.setenv("FEDHET_POLL_HEARTBEATS", "0")
+    senders, beats = _heartbeat_senders(monkeypatch, polls=None)
+    fleet = _node(_Http())
+    poll = object()
+    sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, time.monotonic() - 1.0)
+    sn.POLL_ALIVE[fleet._client].ended(poll, how != "failed")
+    wait = _first_wait(senders(_beat_for(fleet, beats)))
+    assert beats == [fleet] and 0.7 * 25 <= wait <= 0.9 * 25
+    assert (sn.AliveInterval.declared is None) is (how == "switched-off")
 
 
 def test_a_connection_is_reused_while_a_request_reaches_the_superlink_in_time(

@@ -366,7 +366,8 @@ def _poll(hold: str | None, path: str = sl.PULL_PATH) -> tuple[dict, bytes]:
 async def _serve(
     app: Any, scope: dict, body: bytes, events: list[dict] | None = None
 ) -> list[dict]:
-    """Run the middleware on one request; ``events`` after the body (a disconnect)."""
+    """Run the middleware (as :func:`held_pulls` stacks it) on one request; ``events``
+    after the body (a disconnect)."""
     sent: list[dict] = []
     queue: asyncio.Queue[dict] = asyncio.Queue()
     await queue.put({"type": "http.request", "body": body, "more_body": False})
@@ -377,7 +378,7 @@ async def _serve(
     async def send(message: dict) -> None:
         sent.append(message)
 
-    stack = sl.AnswerHeaders(sl.HeldPulls(app, 5.0), sl.holds_header(5.0))  # held_pulls'
+    stack = sl.AnswerHeaders(sl.HeldPulls(app, 5.0), sl.holds_header(5.0), offered=sl.alive_offer)
     task = asyncio.ensure_future(stack(scope, receive, send))
     for event in events or ():
         await asyncio.sleep(0.05)
@@ -445,7 +446,10 @@ def test_a_poll_that_does_not_ask_or_is_not_a_poll_is_not_held(held: Any) -> Non
     _, app, calls = held
     for scope, body in (_poll(None), _poll("5", path="/v1/fleet/push-messages")):
         sent = asyncio.run(_serve(app, scope, body))
-        assert _headers(sent) == {b"x-fedhet-holds": b"5"}  # offered, not held
+        assert _headers(sent) == {  # offered, not held
+            b"x-fedhet-holds": b"5",
+            b"x-fedhet-alive-polls": b"1",
+        }
     assert len(calls) == 2
 
 
@@ -503,5 +507,253 @@ def test_the_hold_is_offered_around_the_held_pulls_in_front_of_flowers_stack(
     sl.held_pulls(12.0)
     offer, hold, *rest = main._get_middleware()
     assert offer.cls is sl.AnswerHeaders and offer.args == ((b"x-fedhet-holds", b"12"),)
+    assert offer.kwargs == {"offered": sl.alive_offer}
     assert hold.cls is sl.HeldPulls and hold.args == (12.0,)
     assert [m.cls for m in rest] == before
+
+
+# ------------------------------------------------------------------ a held poll as a heartbeat
+@pytest.fixture()
+def alive(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Flower's in-memory state with one node online (30 s heartbeats), indexed, in a
+    fresh waiting room; an app standing for Flower's stack that answers the node's
+    poll with the state's undelivered messages for it (``status[0]``: its status)."""
+    from flwr.proto.fleet_pb2 import PullMessagesResponse
+    from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    waiting = sl.Waiting()
+    monkeypatch.setattr(sl, "WAITING", waiting)
+    state = LinkStateFactory(
+        ":flwr-in-memory:", NoOpFederationManager(), ObjectStoreFactory()
+    ).state()
+    node = state.create_node("none", "none", b"key-alive", 30.0)
+    assert state.activate_node(node, 30.0)
+    state.message_ins_store = sl.NodeIndexed(state.message_ins_store)
+    waiting.states.add(state)
+    status = [200]
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        response = PullMessagesResponse()
+        for msg_id in list(state.message_ins_store.by_node.get(node, ())):
+            msg = state.message_ins_store[msg_id]
+            if msg.metadata.delivered_at == "":
+                msg.metadata.delivered_at = "now"
+                response.messages_list.add()
+        await send({"type": "http.response.start", "status": status[0], "headers": []})
+        await send({"type": "http.response.body", "body": response.SerializeToString()})
+
+    return state, node, app, status
+
+
+def _alive_poll(node: int, hold: str | None, alive: str | None) -> tuple[dict, bytes]:
+    from flwr.proto.fleet_pb2 import PullMessagesRequest
+
+    request = PullMessagesRequest()
+    request.node.node_id = node
+    headers = [] if hold is None else [(b"x-fedhet-hold", hold.encode())]
+    if alive is not None:
+        headers.append((b"x-fedhet-alive", alive.encode()))
+    return {"type": "http", "path": sl.PULL_PATH, "headers": headers}, request.SerializeToString()
+
+
+def _online(state: Any, node: int) -> tuple[str, float, float]:
+    [info] = state.get_node_info(node_ids=[node])
+    return info.status, info.online_until, info.heartbeat_interval
+
+
+def test_a_held_poll_that_declares_an_interval_is_the_nodes_heartbeat_on_arrival(
+    alive: Any,
+) -> None:
+    """``x-fedhet-alive: 12`` on a held poll: while the poll is still held (long
+    before its answer), the state holds the node online until its arrival + 2 x 12 s
+    with that interval, as Flower's heartbeat would; the answer offers it."""
+    state, node, app, _ = alive
+    _, before, _ = _online(state, node)
+
+    async def main() -> tuple[list[dict], tuple[str, float, float], float, float]:
+        scope, body = _alive_poll(node, "5", "12")
+        start = time.time()
+        serving = asyncio.ensure_future(_serve(app, scope, body))
+        await asyncio.sleep(0.2)
+        assert not serving.done()  # held: not answered
+        seen, checked = _online(state, node), time.time()
+        state.message_ins_store["m1"] = _Msg(node)  # ends the hold
+        return await serving, seen, start, checked
+
+    sent, (status, until, interval), start, checked = asyncio.run(main())
+    assert status == "online" and interval == 12.0
+    assert start + 24.0 <= until <= checked + 24.0 and until < before  # 30 s -> 12 s
+    assert _headers(sent)[b"x-fedhet-alive-polls"] == b"1" and _messages(sent) == 1
+
+
+@pytest.mark.parametrize(("text", "interval"), [("1", 10.0), ("99999", 1800.0), (" 45.5 ", 45.5)])
+def test_the_declared_interval_is_kept_within_flowers_bounds(
+    alive: Any, text: str, interval: float
+) -> None:
+    """Flower's [HEARTBEAT_MIN_INTERVAL, HEARTBEAT_MAX_INTERVAL] (10 s, 30 min)."""
+    state, node, app, _ = alive
+    start = time.time()
+    asyncio.run(_serve(app, *_alive_poll(node, "0.01", text)))
+    status, until, got = _online(state, node)
+    assert status == "online" and got == interval
+    assert start + 2 * interval <= until <= time.time() + 2 * interval
+
+
+@pytest.mark.parametrize(
+    ("hold", "text", "answer"),
+    [
+        ("0.01", None, 200),  # declares nothing
+        (None, "12", 200),  # not held: only held polls stand for a heartbeat
+        ("0.01", "soon", 200),
+        ("0.01", "nan", 200),
+        ("0.01", "inf", 200),
+        ("0.01", "-12", 200),
+        ("0.01", "0", 200),
+        ("0.01", "12", 401),  # Flower's stack refused it (SuperNode authentication)
+    ],
+)
+def test_a_poll_that_does_not_qualify_acknowledges_nothing(
+    alive: Any, hold: str | None, text: str | None, answer: int
+) -> None:
+    state, node, app, status = alive
+    status[0] = answer
+    was = _online(state, node)
+    sent = asyncio.run(_serve(app, *_alive_poll(node, hold, text)))
+    assert _online(state, node) == was
+    assert sent[0]["status"] == answer  # Flower's handler answered as ever
+
+
+def test_another_nodes_poll_or_an_unknown_node_acknowledges_nothing_else(alive: Any) -> None:
+    state, node, app, _ = alive
+    was = _online(state, node)
+    asyncio.run(_serve(app, *_alive_poll(node + 1, "0.01", "12")))  # no such node
+    asyncio.run(_serve(app, *_alive_poll(0, "0.01", "12")))  # no node id
+    assert _online(state, node) == was
+    assert not sl.acknowledge(node + 1, 12.0) and sl.acknowledge(node, 12.0)
+
+
+def test_the_offer_is_made_only_where_polls_are_acknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SuperLink whose state is not indexed (SQLite, or no poll yet) does not offer
+    held polls as heartbeats; every answer does once it is."""
+    sent: list[dict] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    waiting = sl.Waiting()
+    monkeypatch.setattr(sl, "WAITING", waiting)
+    stack = sl.AnswerHeaders(app, sl.holds_header(5.0), offered=sl.alive_offer)
+    asyncio.run(stack({"type": "http", "path": "/v1/fleet/get-run"}, None, send))
+    assert sent[0]["headers"] == [(b"x-fedhet-holds", b"5")]
+    state = _State()  # held here: the room keeps weak references
+    waiting.states.add(state)
+    sent.clear()
+    asyncio.run(stack({"type": "http", "path": "/v1/fleet/get-run"}, None, send))
+    assert sent[0]["headers"] == [(b"x-fedhet-holds", b"5"), (b"x-fedhet-alive-polls", b"1")]
+
+
+def test_a_node_whose_held_polls_stand_for_its_heartbeats_stays_online_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end, in one process: Flower's SuperLink app (in-memory state) with parts
+    superlink-node-index and superlink-held-pulls on uvicorn, and Flower's own Fleet
+    connection of a node (``http_request_response``: its heartbeat thread, its polls)
+    with fedhet's hooks (keep_alive_clients, load_aware_heartbeats). Heartbeat
+    intervals shortened to 1.5 s (online for 3 s per heartbeat): while the node polls,
+    a stretch of more than 3.5 s goes by without a heartbeat, and the node is online
+    at its end; once it stops polling, its heartbeats come again."""
+    import threading
+
+    import flwr.superlink.main as main
+    import uvicorn
+    from flwr.common import constant
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.superlink.servicer.fleet import fleet_handlers
+    from flwr.supernode import fleet_http_connection as conn
+
+    from cli import supernode as sn
+    from cli.launch import free_port
+    from cli.pacing import ServerLoad
+    from common import flower_gate as gate
+
+    interval = 1.5
+    for module, name, value in (
+        (constant, "HEARTBEAT_DEFAULT_INTERVAL", interval),
+        (constant, "HEARTBEAT_MIN_INTERVAL", 0.5),
+        (constant, "HEARTBEAT_CALL_TIMEOUT", 0.25),
+        (fleet_handlers, "HEARTBEAT_MIN_INTERVAL", 0.5),
+        (conn, "HEARTBEAT_DEFAULT_INTERVAL", interval),
+    ):
+        monkeypatch.setattr(module, name, value)
+    # what the parts replace, as it was after the test
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
+    monkeypatch.setattr(conn, "FleetHttpClient", conn.FleetHttpClient)
+    monkeypatch.setattr(
+        InMemoryLinkState, "get_message_ins", InMemoryLinkState.__dict__["get_message_ins"]
+    )
+    monkeypatch.setattr(sn.AliveInterval, "declared", None)
+    for module in (main, conn):
+        monkeypatch.setitem(
+            module.__dict__, gate.ORIGINALS, dict(getattr(module, gate.ORIGINALS, {}))
+        )
+    monkeypatch.setattr(sl, "WAITING", sl.Waiting())
+    beats: list[float] = []
+    flowers_beat = fleet_handlers.send_node_heartbeat
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        beats.append(time.time())
+        return flowers_beat(*args, **kwargs)
+
+    monkeypatch.setattr(fleet_handlers, "send_node_heartbeat", counted)
+
+    sl.indexed_message_pulls(whole_only=True)
+    sl.held_pulls(0.3)
+    app = main.create_app()
+    state = app.state.linkstate_factory.state()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and serving.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        sn.keep_alive_clients()
+        sn.load_aware_heartbeats(ServerLoad(), polls=True)
+        # (Flower's connection logs and swallows what its body raises: checked after it)
+        quiet, status, polled, after = 0.0, "", 0, 0
+        with conn.http_request_response(f"127.0.0.1:{port}", insecure=True) as (
+            node_id,
+            receive,
+            *_,
+        ):
+            started = time.time()
+            while time.monotonic() < deadline:  # a stretch long enough, however loaded
+                receive()
+                quiet = time.time() - max([started, *beats])
+                if quiet > 2 * interval + 0.5:
+                    [info] = state.get_node_info(node_ids=[node_id])
+                    status = info.status
+                    break
+            polled = len(beats)
+            stop = time.monotonic() + 10
+            while len(beats) == polled and time.monotonic() < stop:  # no more polls
+                time.sleep(0.05)
+            after = len(beats)
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)
+    assert quiet > 2 * interval + 0.5, f"no quiet stretch in 30 s: {beats}"
+    assert status == "online", (quiet, beats)
+    assert after > polled

@@ -499,10 +499,11 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
     from flwr.supernode import fleet_http_connection as conn
 
     from cli.pacing import LOAD_RECENT, LOAD_SLACK_S, ServerLoad
-    from cli.supernode import load_aware_heartbeats
+    from cli.supernode import AliveInterval, load_aware_heartbeats
 
     monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
     monkeypatch.setattr(conn, "HEARTBEAT_DEFAULT_INTERVAL", conn.HEARTBEAT_DEFAULT_INTERVAL)
+    monkeypatch.setattr(AliveInterval, "declared", AliveInterval.declared)
     load = ServerLoad()
     load_aware_heartbeats(load)
     declared: list[float] = []
