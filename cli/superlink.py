@@ -43,9 +43,9 @@ the code it was checked against:
   declares a heartbeat interval (``x-fedhet-alive: I``, which ``fedhet supernode``
   sends once the answers name ``x-fedhet-alive-polls: 1``) is also the node's
   heartbeat (:func:`acknowledge`): the state holds the node online for
-  ``HEARTBEAT_PATIENCE`` (2) x ``I`` from its arrival, as for Flower's own heartbeat,
-  and the node sends fewer of those (a held poll keeps it on the line with the
-  SuperLink most of the time anyway).
+  ``HEARTBEAT_PATIENCE`` (2) x ``I`` from its arrival and from its answer, as for
+  Flower's own heartbeat, and the node sends none of those while it polls (a held
+  poll keeps it on the line with the SuperLink most of the time anyway).
 
 The SQLite state (``--database FILE``) finds a node's messages with one query and is
 left as Flower has it.
@@ -329,7 +329,8 @@ class HeldPulls:
     :func:`alive_interval`) is acknowledged as the node's heartbeat with that interval
     (:func:`acknowledge`) once Flower's stack has answered it with 200, i.e. has
     taken it (with SuperNode authentication on, as from that node): on its arrival,
-    before it is held and long before its answer goes out."""
+    before it is held, and again as its answer goes out after a hold of a second or
+    more (the node was on the line all along)."""
 
     def __init__(self, app: ASGIApp, hold_s: float) -> None:
         self.app = app
@@ -349,7 +350,7 @@ class HeldPulls:
             hold = min(self.hold_s, max(0.0, float(asked)))
         except ValueError:
             hold = 0.0
-        alive = alive_interval(header(scope, b"x-fedhet-alive"))
+        alive = declared = alive_interval(header(scope, b"x-fedhet-alive"))
         body = await read_body(receive)
         try:
             request = importlib.import_module(FLEET_PB).PullMessagesRequest
@@ -382,7 +383,10 @@ class HeldPulls:
                     return
         finally:
             gone.cancel()
-        await answer.send(send, (b"x-fedhet-held", b"%.3f" % (time.monotonic() - start)))
+        held = time.monotonic() - start
+        if declared is not None and node_id and held >= 1.0 and answer.start.get("status") == 200:
+            acknowledge(node_id, declared)  # on the line until now: again as answered
+        await answer.send(send, (b"x-fedhet-held", b"%.3f" % held))
 
     @staticmethod
     async def _wait(node_id: int, left: float, gone: asyncio.Future[Any]) -> bool:

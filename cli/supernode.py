@@ -141,11 +141,13 @@ class PollAlive:
     """One Fleet API client's held polls that stand for its node's heartbeats.
 
     ``fedhet superlink`` acknowledges a held poll that declares an interval
-    (``x-fedhet-alive: I``) as the node's heartbeat on its arrival: it holds the node
-    online for ``HEARTBEAT_PATIENCE`` (2) x ``I`` from then on, as for a heartbeat
-    sent when the poll was. :func:`follow_superlink` notes each such poll here as it
-    is sent, and how it ended; the node's heartbeat sender (:func:`load_aware_heartbeats`)
-    reads it. Per client, not per process: the fleet emulator runs many nodes in one."""
+    (``x-fedhet-alive: I``) as the node's heartbeat on its arrival and again as it
+    answers it: it holds the node online for ``HEARTBEAT_PATIENCE`` (2) x ``I`` from
+    then on, as for a heartbeat sent then. :func:`follow_superlink` notes each such
+    poll here as it is sent, and how it ended (answered: acknowledged at the latest
+    when it was sent plus the time it was held, ``x-fedhet-held``); the node's
+    heartbeat sender (:func:`load_aware_heartbeats`) reads it. Per client, not per
+    process: the fleet emulator runs many nodes in one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -158,22 +160,26 @@ class PollAlive:
         self.in_flight = False
         """It has not been answered yet (it may not have reached the SuperLink)."""
         self.answered: tuple[float, float] | None = None
-        """When the latest such poll answered with 2xx was sent, and its interval."""
+        """The latest such poll answered with 2xx: when the SuperLink acknowledged it
+        last (at the latest: when it was sent plus the time it was held), and its
+        interval."""
 
     def sending(self, request: Any, interval: float, now: float) -> None:
         """Poll ``request`` declares ``interval`` and is sent at ``now``."""
         with self._lock:
             self._request, self.sent, self.interval, self.in_flight = request, now, interval, True
 
-    def ended(self, request: Any, ok: bool) -> None:
+    def ended(self, request: Any, ok: bool, held: float = 0.0) -> None:
         """Poll ``request`` was answered with 2xx by a SuperLink that still offers
-        (``ok``), or not (another answer, a transport error): then no poll stands for a
-        heartbeat until the next one is sent. Any other request: nothing."""
+        (``ok``) after holding it ``held`` seconds, or not (another answer, a transport
+        error): then no poll stands for a heartbeat until the next one is sent. Any
+        other request: nothing."""
         with self._lock:
             if request is not self._request:
                 return
             self._request, self.in_flight = None, False
             if ok and self.sent is not None:
+                self.sent += held  # acknowledged again as it was answered
                 self.answered = (self.sent, self.interval)
             else:
                 self.sent = None
@@ -267,7 +273,11 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
         except BaseException:
             alive.ended(request, False)
             raise
-        alive.ended(request, response.is_success and response.headers.get(ALIVE_OFFER) == "1")
+        alive.ended(
+            request,
+            response.is_success and response.headers.get(ALIVE_OFFER) == "1",
+            number(response.headers.get("x-fedhet-held")) or 0.0,
+        )
         return response
 
     hooks = dict(client.event_hooks)
@@ -1344,18 +1354,23 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
 
         def covered_until(self, alive: PollAlive | None) -> float | None:
             """Until when (``time.monotonic``) the client's latest held poll stands for
-            the heartbeat due now (None: it does not; send it)."""
+            the heartbeat due now (None: it does not; send it). An answered one: its
+            last acknowledgement + the heartbeat's wait, as a heartbeat sent then. One
+            still held (acknowledged on arrival and again as it is answered, but maybe
+            lost on the way): the last acknowledgement the node knows of (an answered
+            poll's, or a heartbeat's) + its interval + the wait, so that a heartbeat
+            still reaches the SuperLink within the 2 x interval it was promised."""
             if alive is None:
                 return None
             sent, seconds, in_flight, answered = alive.view()
             if sent is None:
                 return None
             until = sent + wait_for(seconds)
-            if in_flight:  # not known to have arrived: as far as the last known one goes
+            if in_flight:
                 known = [answered] if answered is not None else []
                 if self.beat_at is not None:
                     known.append((self.beat_at, self.sent))
-                until = min(until, max((t + i for t, i in known), default=-float("inf")))
+                until = max((t + i + wait_for(i) for t, i in known), default=-float("inf"))
             return until if until > time.monotonic() else None
 
         def _heartbeat(self) -> None:

@@ -852,6 +852,38 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
         assert (len(beats) == before) is skipped, answered_ago
 
 
+def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SuperLink acknowledges a held poll again as it answers it: an answered poll
+    sent 60 s ago and held 59 s stands for the heartbeat as one sent 1 s ago; a poll
+    still held 40 s after it was sent stands for it while the last acknowledgement the
+    node knows of (the poll before, answered 41 s ago) + its interval + the wait is
+    ahead (so with 45 s holds and 30 s intervals no heartbeat goes out), not once that
+    is past (answered 55 s ago: a lost poll must not leave the node offline)."""
+    from cli import supernode as sn
+
+    senders, beats = _heartbeat_senders(monkeypatch, polls=True)
+    now = time.monotonic()
+    fleet = _node(_Http())
+    alive = sn.POLL_ALIVE[fleet._client]
+    poll = object()
+    alive.sending(poll, 30.0, now - 60.0)
+    alive.ended(poll, True, 59.0)
+    _first_wait(senders(_beat_for(fleet, beats)))
+    assert beats == []
+    for answered_ago, skipped in ((41.0, True), (55.0, False)):
+        fleet = _node(_Http())
+        alive = sn.POLL_ALIVE[fleet._client]
+        earlier = object()
+        alive.sending(earlier, 30.0, now - answered_ago - 45.0)
+        alive.ended(earlier, True, 45.0)
+        alive.sending(object(), 30.0, now - 40.0)  # in flight, beyond its own wait
+        before = len(beats)
+        _first_wait(senders(_beat_for(fleet, beats)))
+        assert (len(beats) == before) is skipped, answered_ago
+
+
 @pytest.mark.parametrize("how", ["failed", "switched-off"])
 def test_without_a_standing_poll_the_heartbeat_is_sent(
     monkeypatch: pytest.MonkeyPatch, how: str

@@ -589,6 +589,30 @@ def test_a_held_poll_that_declares_an_interval_is_the_nodes_heartbeat_on_arrival
     assert _headers(sent)[b"x-fedhet-alive-polls"] == b"1" and _messages(sent) == 1
 
 
+@pytest.mark.parametrize(("held_s", "again"), [(1.3, True), (0.3, False)])
+def test_a_poll_held_a_second_or_more_is_acknowledged_again_as_it_is_answered(
+    alive: Any, held_s: float, again: bool
+) -> None:
+    """The node was on the line all along: a poll held 1 s or more is acknowledged again
+    as its answer goes out (online until then + 2 x 12 s); a shorter one only on
+    arrival (the two would be the same moment)."""
+    state, node, app, _ = alive
+
+    async def main() -> float:
+        scope, body = _alive_poll(node, "5", "12")
+        serving = asyncio.ensure_future(_serve(app, scope, body))
+        await asyncio.sleep(held_s)
+        answered = time.time()
+        state.message_ins_store["m1"] = _Msg(node)  # ends the hold
+        await serving
+        return answered
+
+    answered = asyncio.run(main())
+    status, until, interval = _online(state, node)
+    assert status == "online" and interval == 12.0
+    assert (until >= answered + 24.0) is again
+
+
 @pytest.mark.parametrize(("text", "interval"), [("1", 10.0), ("99999", 1800.0), (" 45.5 ", 45.5)])
 def test_the_declared_interval_is_kept_within_flowers_bounds(
     alive: Any, text: str, interval: float
