@@ -172,6 +172,7 @@ ADDED = {
     "robust.min-cosine": -1.0,
     # FedMRL predicted with the server's shared model before the key existed
     "fedmrl.predict-with": "sent",
+    "fedmrl.predict-head": "own",
 }
 """Keys added after some archived runs, with the value that is what those runs did."""
 SECTIONS = ("data.", "model.", "train.")

@@ -203,6 +203,7 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fedgen", {"algorithm": "fedgen"}),
         Spec("fedmrl", {"algorithm": "fedmrl"}),
         Spec("fedmrl-trained", {"algorithm": "fedmrl", "fedmrl.predict-with": "trained"}),
+        Spec("fedmrl-both", {"algorithm": "fedmrl", "fedmrl.predict-head": "both"}),
         Spec("fedl2g", {"algorithm": "fedl2g"}),
         Spec("fedl2gl", {"algorithm": "fedl2gl"}),
     ],

@@ -44,6 +44,7 @@ from common import methods
 from common.config import ConfigError, DataConfig, RunConfig, Scalar, flatten
 from data.client import ClientData
 from models.export import INPUT, OUTPUT, NearestPrototype, to_onnx
+from models.matryoshka import MatryoshkaNet, MatryoshkaPredictor
 
 ONNX_EXPORT = "onnx-export"
 """Node-config key: write ``<state-dir>/model.onnx`` (+ ``model.json``) after every
@@ -80,6 +81,9 @@ def predictor(hook: ClientHook, run: ClientRun) -> nn.Module:
         table, known = received_prototypes(run)
         if bool(known.any()):
             return NearestPrototype(run.model, table, known)
+    head = run.cfg.fedmrl.predict_head
+    if isinstance(run.model, MatryoshkaNet) and head != "own":
+        return MatryoshkaPredictor(run.model, head)
     return run.model
 
 

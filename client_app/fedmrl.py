@@ -16,7 +16,7 @@ from client_app.base import ClientRun, initial_seed
 from client_app.mutual import MutualHook
 from common.messages import SHARED
 from models.matryoshka import MatryoshkaNet
-from models.train import EvalStats, ExtraLoss
+from models.train import EvalStats, ExtraLoss, evaluate
 
 OWN_SHARED = "own-shared"
 """run.notes key: the node's copy of the shared model as its last training left it,
@@ -31,7 +31,8 @@ class FedMRLHook(MutualHook):
     and, by ``fedmrl.predict-with``, the server's shared model or the node's own trained
     copy of it.
 
-    Evaluation diagnostics: ``accuracy-without-shared`` is the prediction with the
+    ``fedmrl.predict-head`` picks the head(s) it predicts with (own, shared, their
+    sum). Evaluation diagnostics: ``accuracy-without-shared`` is the prediction with the
     node's own trained copy instead of the server's (``predict-with = sent``) or the
     other way round (``trained``); ``shared-head-accuracy`` is the shared head's
     prediction ``h(r[:, :s])`` alone, as the prediction is made."""
@@ -74,7 +75,7 @@ class FedMRLHook(MutualHook):
     def evaluate(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
         if run.cfg.fedmrl.predict_with == "trained" and OWN_SHARED in run.notes:
             run.model.load_state_dict(run.notes[OWN_SHARED], strict=False)  # kept so
-        stats = super().evaluate(run, x, y)
+        stats = self._evaluate(run, x, y)
         if "shared-head-accuracy" not in run.metrics:  # the local test split's
             run.metrics["shared-head-accuracy"] = self._shared_head_accuracy(run, x, y)
         return stats
@@ -86,9 +87,17 @@ class FedMRLHook(MutualHook):
         now = self._shared_copy(run)
         run.model.load_state_dict(run.notes[other], strict=False)
         try:
-            return super().evaluate(run, x, y)
+            return self._evaluate(run, x, y)
         finally:
             run.model.load_state_dict(now, strict=False)
+
+    @staticmethod
+    def _evaluate(run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
+        """With the head(s) of ``fedmrl.predict-head``."""
+        model, head = run.model, run.cfg.fedmrl.predict_head
+        if head == "own" or not isinstance(model, MatryoshkaNet):
+            return evaluate(model, x, y)
+        return evaluate(model, x, y, predict=lambda xb: model.predict(xb, head))
 
     def _shared_copy(self, run: ClientRun) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.shared_state(run).items()}

@@ -54,5 +54,31 @@ class MatryoshkaNet(HetNet):
         """The shared head's logits on the first ``s`` coordinates of ``reps`` [B, d]."""
         return self.shared.classify(reps[:, : self.shared.feature_dim])
 
+    def predict(self, x: Tensor, head: str = "own") -> Tensor:
+        """The logits a node predicts with: ``own`` ``h_k(r)`` (:meth:`forward`),
+        ``shared`` ``h(r[:, :s])`` or ``both``, their sum."""
+        reps = self.features(x)
+        if head == "own":
+            return self.classify(reps)
+        if head == "shared":
+            return self.shared_logits(reps)
+        if head == "both":
+            return self.classify(reps) + self.shared_logits(reps)
+        raise ValueError(f"unknown head {head!r}: own, shared or both")
 
-__all__ = ["MatryoshkaNet"]
+
+class MatryoshkaPredictor(nn.Module):
+    """A :class:`MatryoshkaNet` whose forward is :meth:`MatryoshkaNet.predict` with
+    ``head`` (what ``fedhet export`` writes for ``fedmrl.predict-head`` other than
+    ``own``)."""
+
+    def __init__(self, net: MatryoshkaNet, head: str) -> None:
+        super().__init__()
+        self.net = net
+        self.head = head
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net.predict(x, self.head)
+
+
+__all__ = ["MatryoshkaNet", "MatryoshkaPredictor"]

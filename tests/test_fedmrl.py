@@ -262,6 +262,37 @@ def test_prediction_uses_the_shared_model_predict_with_names(
         torch.testing.assert_close(run.model.state_dict()[key], value, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("head", ["own", "shared", "both"])
+def test_prediction_uses_the_heads_predict_head_names_and_the_export_the_same(
+    tmp_path: Path, head: str
+) -> None:
+    """``fedmrl.predict-head``: own h_k(r), shared h(r[:, :s]) or their sum; the
+    evaluation's loss is that of those logits and the exported module gives them."""
+    from client_app.export import predictor
+
+    hook = methods.get("fedmrl").client_hook()
+    ctx = client_context(tmp_path, "fedmrl", pid=0, **{"fedmrl.predict-head": head})
+    sent = {k: v.clone() for k, v in hook.shared_state(open_run(ctx, 1, hook)).items()}
+    train_message(hook, ConfigRecord({"server-round": 1}), to_record(sent), ctx)
+    run = open_run(ctx, 1, hook, training=False)
+    run.received = dict(sent)
+    hook.install(run, run.received)
+    model, x, y = run.model, run.data.x_test, run.data.y_test
+    assert isinstance(model, MatryoshkaNet)
+    model.eval()
+    with torch.no_grad():
+        reps = model.features(x)
+        own, shared = model.head(reps), model.shared_logits(reps)
+        want = {"own": own, "shared": shared, "both": own + shared}[head]
+        exported = predictor(hook, run)(x)
+    stats = hook.evaluate(run, x, y)
+    assert stats.loss_sum == pytest.approx(
+        float(F.cross_entropy(want, y, reduction="sum")), rel=1e-5
+    )
+    assert stats.correct == int((want.argmax(1) == y).sum())
+    torch.testing.assert_close(exported, want)
+
+
 @pytest.mark.slow  # the full tier also runs fedmrl end to end (test_eval_mode, test_reference)
 def test_two_rounds_in_process_learn(tmp_path: Path) -> None:
     res, _ = run_inprocess(tmp_path, algorithm="fedmrl")  # 3 nodes, synthetic data
