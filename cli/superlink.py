@@ -63,6 +63,7 @@ import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
+from cli.supernode import number
 from common import flower_gate as gate
 
 MIDDLEWARE = "flwr.superlink.main"
@@ -481,21 +482,12 @@ def alive_interval(text: bytes | None) -> float | None:
     """The heartbeat interval a poll declares (``x-fedhet-alive``), within Flower's
     ``[HEARTBEAT_MIN_INTERVAL, HEARTBEAT_MAX_INTERVAL]``; None: no header, or not a
     positive finite number."""
-    value = None if text is None else number(text)
+    value = number(text)
     if value is None or value <= 0:
         return None
     constant = importlib.import_module(CONSTANT)
     low, high = float(constant.HEARTBEAT_MIN_INTERVAL), float(constant.HEARTBEAT_MAX_INTERVAL)
     return min(high, max(low, value))
-
-
-def number(text: bytes) -> float | None:
-    """A finite number (None: not one)."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if abs(value) < float("inf") else None
 
 
 def acknowledge(node_id: int, interval: float) -> bool:

@@ -287,7 +287,7 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
     client.send = sending
 
 
-def number(text: str | None) -> float | None:
+def number(text: str | bytes | None) -> float | None:
     """A header's non-negative finite number (None: absent or not one)."""
     try:
         value = float(text) if text is not None else None
@@ -1305,11 +1305,12 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
     With ``polls`` (default: ``FEDHET_POLL_HEARTBEATS``, on), a held poll stands for a
     heartbeat where the SuperLink offers it (:class:`PollAlive`): each declares the
     interval a heartbeat would declare now, and no heartbeat is sent while the
-    latest one of the node's own client was sent less than that rule's wait ago; the
-    sender waits until then and looks again. A poll still in flight (it may not have
-    reached the SuperLink) stands for one only up to one interval after the latest
-    heartbeat or answered poll. Only here: with ``FEDHET_LOAD_AWARE=0`` (or this part
-    off) polls declare nothing and every heartbeat is sent, as in Flower."""
+    latest one of the node's own client was acknowledged less than that rule's wait
+    ago; the sender waits until then and looks again. A poll still in flight (it may
+    not have reached the SuperLink) stands for one only up to the latest heartbeat or
+    answered poll + its interval + the wait (:meth:`covered_until`). Only here: with
+    ``FEDHET_LOAD_AWARE=0`` (or this part off) polls declare nothing and every
+    heartbeat is sent, as in Flower."""
     conn = importlib.import_module(FLEET_CONNECTION)
     base = flower_internal("flwr.supercore.heartbeat", "HeartbeatSender")
     constant = importlib.import_module("flwr.common.constant")
@@ -1365,8 +1366,9 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
             sent, seconds, in_flight, answered = alive.view()
             if sent is None:
                 return None
-            until = sent + wait_for(seconds)
-            if in_flight:
+            if not in_flight:
+                until = sent + wait_for(seconds)
+            else:
                 known = [answered] if answered is not None else []
                 if self.beat_at is not None:
                     known.append((self.beat_at, self.sent))

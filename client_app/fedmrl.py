@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from client_app.base import ClientRun, initial_seed
 from client_app.mutual import MutualHook
 from common.messages import SHARED
-from models.matryoshka import MatryoshkaNet
+from models.matryoshka import MatryoshkaNet, MatryoshkaPredictor
 from models.train import EvalStats, ExtraLoss, evaluate
 
 OWN_SHARED = "own-shared"
@@ -77,7 +77,7 @@ class FedMRLHook(MutualHook):
             run.model.load_state_dict(run.notes[OWN_SHARED], strict=False)  # kept so
         stats = self._evaluate(run, x, y)
         if "shared-head-accuracy" not in run.metrics:  # the local test split's
-            run.metrics["shared-head-accuracy"] = self._shared_head_accuracy(run, x, y)
+            run.metrics["shared-head-accuracy"] = self._evaluate(run, x, y, "shared").accuracy
         return stats
 
     def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:
@@ -92,30 +92,12 @@ class FedMRLHook(MutualHook):
             run.model.load_state_dict(now, strict=False)
 
     @staticmethod
-    def _evaluate(run: ClientRun, x: Tensor, y: Tensor) -> EvalStats:
-        """With the head(s) of ``fedmrl.predict-head``."""
-        model, head = run.model, run.cfg.fedmrl.predict_head
+    def _evaluate(run: ClientRun, x: Tensor, y: Tensor, head: str = "") -> EvalStats:
+        """With ``head`` (default: ``fedmrl.predict-head``), as the export predicts."""
+        model, head = run.model, head or run.cfg.fedmrl.predict_head
         if head == "own" or not isinstance(model, MatryoshkaNet):
             return evaluate(model, x, y)
-        return evaluate(model, x, y, predict=lambda xb: model.predict(xb, head))
+        return evaluate(MatryoshkaPredictor(model, head), x, y)
 
     def _shared_copy(self, run: ClientRun) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.shared_state(run).items()}
-
-    @staticmethod
-    @torch.no_grad()
-    def _shared_head_accuracy(run: ClientRun, x: Tensor, y: Tensor) -> float:
-        model = run.model
-        if not isinstance(model, MatryoshkaNet) or len(y) == 0:
-            return 0.0
-        was = model.training
-        model.eval()
-        try:
-            correct = 0
-            for start in range(0, len(y), 512):
-                reps = model.features(x[start : start + 512])
-                hits = model.shared_logits(reps).argmax(1) == y[start : start + 512]
-                correct += int(hits.sum())
-        finally:
-            model.train(was)
-        return correct / len(y)

@@ -770,7 +770,7 @@ def _beat_for(fleet: object, beats: list[object]) -> Any:
     return send_node_heartbeat
 
 
-def _first_wait(sender: Any) -> float:
+def first_wait(sender: Any) -> float:
     """The first wait ``_run`` takes (it stops there)."""
     seen: list[float] = []
 
@@ -818,13 +818,13 @@ def test_a_recent_held_poll_stands_for_its_own_clients_heartbeat(
         poll = object()
         sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, at)
         sn.POLL_ALIVE[fleet._client].ended(poll, True)
-    wait = _first_wait(senders(_beat_for(recent, beats)))
+    wait = first_wait(senders(_beat_for(recent, beats)))
     assert beats == []
     # until the poll's time + Flower's wait for its interval: (30 - 5) x (0.8 +- 0.1) - 1,
     # less the time this took
     assert 0 < wait <= 0.9 * 25 - 1.0
     for fleet in (old, unknown):
-        wait = _first_wait(senders(_beat_for(fleet, beats)))
+        wait = first_wait(senders(_beat_for(fleet, beats)))
         assert beats[-1] is fleet and 0.7 * 25 <= wait <= 0.9 * 25
     assert beats == [old, unknown]
 
@@ -848,7 +848,7 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
             alive.ended(earlier, True)
         alive.sending(object(), 30.0, now - 1.0)  # in flight
         before = len(beats)
-        _first_wait(senders(_beat_for(fleet, beats)))
+        first_wait(senders(_beat_for(fleet, beats)))
         assert (len(beats) == before) is skipped, answered_ago
 
 
@@ -870,7 +870,7 @@ def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
     poll = object()
     alive.sending(poll, 30.0, now - 60.0)
     alive.ended(poll, True, 59.0)
-    _first_wait(senders(_beat_for(fleet, beats)))
+    first_wait(senders(_beat_for(fleet, beats)))
     assert beats == []
     for answered_ago, skipped in ((41.0, True), (55.0, False)):
         fleet = _node(_Http())
@@ -880,7 +880,7 @@ def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
         alive.ended(earlier, True, 45.0)
         alive.sending(object(), 30.0, now - 40.0)  # in flight, beyond its own wait
         before = len(beats)
-        _first_wait(senders(_beat_for(fleet, beats)))
+        first_wait(senders(_beat_for(fleet, beats)))
         assert (len(beats) == before) is skipped, answered_ago
 
 
@@ -899,7 +899,7 @@ def test_without_a_standing_poll_the_heartbeat_is_sent(
     poll = object()
     sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, time.monotonic() - 1.0)
     sn.POLL_ALIVE[fleet._client].ended(poll, how != "failed")
-    wait = _first_wait(senders(_beat_for(fleet, beats)))
+    wait = first_wait(senders(_beat_for(fleet, beats)))
     assert beats == [fleet] and 0.7 * 25 <= wait <= 0.9 * 25
     assert (sn.AliveInterval.declared is None) is (how == "switched-off")
 

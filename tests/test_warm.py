@@ -493,13 +493,12 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
     """load-aware-idle: each heartbeat declares Flower's 30 s times the slowdown (what
     the SuperLink holds the node online for, twice), the next one follows Flower's
     rule for that interval, and each heartbeat's time is noted."""
-    import threading
-
     from flwr.common import constant
     from flwr.supernode import fleet_http_connection as conn
 
     from cli.pacing import LOAD_RECENT, LOAD_SLACK_S, ServerLoad
     from cli.supernode import AliveInterval, load_aware_heartbeats
+    from tests.test_links import first_wait
 
     monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
     monkeypatch.setattr(conn, "HEARTBEAT_DEFAULT_INTERVAL", conn.HEARTBEAT_DEFAULT_INTERVAL)
@@ -512,28 +511,14 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
         declared.append(conn.HEARTBEAT_DEFAULT_INTERVAL)
         return True
 
-    def waits(sender) -> float:  # type: ignore[no-untyped-def]
-        """The wait ``_run`` takes after one heartbeat."""
-        seen: list[float] = []
-
-        def wait(seconds: float) -> bool:
-            seen.append(seconds)
-            sender._stop_event.set()
-            return True
-
-        sender._stop_event = threading.Event()
-        sender._stop_event.wait = wait
-        sender._run()
-        return seen[0]
-
     sender = conn.HeartbeatSender(beat)
     base = float(constant.HEARTBEAT_DEFAULT_INTERVAL)
-    wait = waits(sender)
+    wait = first_wait(sender)
     assert declared == [base] and len(load._history) == 1
     assert 0.7 * (base - 5) <= wait <= 0.9 * (base - 5)
     for _ in range(LOAD_RECENT):
         load.note(load._history[0] + 4 * LOAD_SLACK_S)
-    wait = waits(sender)
+    wait = first_wait(sender)
     assert declared[-1] == pytest.approx(4 * base, abs=0.1)
     assert 0.7 * (4 * base - 5) <= wait <= 0.9 * (4 * base - 5)
 
@@ -550,7 +535,7 @@ def test_a_busy_superlink_gets_fewer_heartbeats_with_a_longer_declared_interval(
 
     quick.note(0.01)
     sender = conn.HeartbeatSender(slow_beat)
-    wait = waits(sender)
+    wait = first_wait(sender)
     assert declared[-1] == pytest.approx(base, abs=0.1)
     assert wait <= 0.9 * (base - 5) < 2 * base
 
