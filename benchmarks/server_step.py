@@ -9,7 +9,9 @@ node sampled) and ``aggregate_train`` of N replies with the keys and shapes the
 method's clients send (:func:`fake_upload`): what the node was sent plus noise where
 the reply has the sent keys, class prototypes around one centre per class, FedRE's
 mixtures of them with soft labels, FedKD's mentee update as factors of a quarter of
-the smaller side, FedGen's label counts (each node's own: :func:`label_counts`).
+the smaller side, FedGen's label counts (each node's own: :func:`label_counts`), FD's
+mean logits (the class' own logit the largest), FedL2G's guide-gradient rows (one per
+class the node has, small noise).
 Distinct uploads are drawn once per payload (:data:`POOL` of them), and nodes share
 their records (FedGen's but for the counts), so that the fake replies do not hold N
 copies in memory; the server decodes each reply, as it always does.
@@ -62,9 +64,11 @@ def make_nodes(name: str, n: int) -> list[Any]:
 
 def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
     """One reply's arrays, as the method's client would shape them."""
-    from common.messages import LABEL_COUNTS, PROTO, REP, SOFT_LABEL
+    from common.messages import GUIDE_GRAD, LABEL_COUNTS, LOGIT, PROTO, REP, SOFT_LABEL
 
     expected = s.expected_upload(info)
+    if expected is None and hasattr(s, "width"):  # FedL2G: a gradient row per class it has
+        expected = {f"{GUIDE_GRAD}{c}": (s.width(info),) for c in present(info)}
     if expected is None:  # FedKD: the mentee's update, whole or as factors
         return mentee_update(s.global_arrays, rng)
     centres = class_centres(info.feature_dim, info.num_classes)
@@ -76,6 +80,11 @@ def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.G
             out[key] = sent[key] + rng.normal(0, NOISE, shape)
         elif key.startswith(PROTO):
             out[key] = centres[int(key.removeprefix(PROTO))] + rng.normal(0, 0.3, shape)
+        elif key.startswith(LOGIT):  # FD: a mean logit vector, its class' the largest
+            c = int(key.removeprefix(LOGIT))
+            out[key] = 4.0 * (np.arange(shape[0]) == c) + rng.normal(0, 1.0, shape)
+        elif key.startswith(GUIDE_GRAD):  # FedL2G: a quiz-loss gradient row
+            out[key] = rng.normal(0, 0.01, shape)
         elif key == SOFT_LABEL:
             out[key] = rng.dirichlet(np.ones(shape[1]), size=shape[0])
         elif key == REP:
@@ -85,6 +94,11 @@ def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.G
     if REP in expected:
         out[REP] = out[SOFT_LABEL] @ centres + rng.normal(0, 0.3, expected[REP])
     return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def present(info: Any) -> list[int]:
+    """The classes a node has samples of."""
+    return [c for c, n in enumerate(info.class_counts) if n > 0]
 
 
 def label_counts(info: Any) -> np.ndarray:

@@ -237,3 +237,16 @@ def test_every_upload_key_a_strategy_expects_is_a_declared_message_key() -> None
         expected = s.expected_upload(nodes[0]) or {}
         for key in [*expected, *s.global_arrays]:
             assert key.startswith(method.keys), (name, key, method.keys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [m.name for m in methods.BUILTIN])
+def test_the_server_step_benchmark_fakes_replies_every_method_accepts(name: str) -> None:
+    """benchmarks/server_step.py times every method's server on fake replies of the
+    method's keys and shapes: each method takes all of them (none rejected) and
+    aggregates them."""
+    from benchmarks.server_step import time_method
+
+    row = time_method(name, 3, rounds=1)
+    assert row["rejected"] == [0], row
+    assert row["cpu-s-per-round"] > 0
