@@ -202,7 +202,11 @@ SUITES: dict[str, list[Spec]] = {
         Spec("fd", {"algorithm": "fd"}),
         Spec("fedgen", {"algorithm": "fedgen"}),
         Spec("fedmrl", {"algorithm": "fedmrl"}),
-        Spec("fedmrl-trained", {"algorithm": "fedmrl", "fedmrl.predict-with": "trained"}),
+        Spec("fedmrl-own", {"algorithm": "fedmrl", "fedmrl.predict-head": "own"}),
+        Spec(
+            "fedmrl-trained",
+            {"algorithm": "fedmrl", "fedmrl.predict-with": "trained", "fedmrl.predict-head": "own"},
+        ),
         Spec("fedmrl-both", {"algorithm": "fedmrl", "fedmrl.predict-head": "both"}),
         Spec("fedl2g", {"algorithm": "fedl2g"}),
         Spec("fedl2gl", {"algorithm": "fedl2gl"}),

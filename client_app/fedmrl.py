@@ -27,15 +27,15 @@ SENT_SHARED = "sent-shared"
 
 class FedMRLHook(MutualHook):
     """``fedmrl``: train the fused model with ``CE(h_k(r)) + CE(h(r[:, :s]))``; upload
-    the shared model; predict with the local head (:class:`MatryoshkaNet`'s forward)
-    and, by ``fedmrl.predict-with``, the server's shared model or the node's own trained
-    copy of it.
+    the shared model; predict with the head(s) ``fedmrl.predict-head`` names (the
+    shared one ``h(r[:, :s])``, the local one ``h_k(r)``, :class:`MatryoshkaNet`'s
+    forward, or their sum) and, by ``fedmrl.predict-with``, the server's shared model
+    or the node's own trained copy of it.
 
-    ``fedmrl.predict-head`` picks the head(s) it predicts with (own, shared, their
-    sum). Evaluation diagnostics: ``accuracy-without-shared`` is the prediction with the
+    Evaluation diagnostics: ``accuracy-without-shared`` is the prediction with the
     node's own trained copy instead of the server's (``predict-with = sent``) or the
-    other way round (``trained``); ``shared-head-accuracy`` is the shared head's
-    prediction ``h(r[:, :s])`` alone, as the prediction is made."""
+    other way round (``trained``); ``shared-head-accuracy`` and ``own-head-accuracy``
+    are each head's prediction alone, with the shared model the prediction uses."""
 
     name = "fedmrl"
     prefix = SHARED.rstrip(".")
@@ -76,8 +76,9 @@ class FedMRLHook(MutualHook):
         if run.cfg.fedmrl.predict_with == "trained" and OWN_SHARED in run.notes:
             run.model.load_state_dict(run.notes[OWN_SHARED], strict=False)  # kept so
         stats = self._evaluate(run, x, y)
-        if "shared-head-accuracy" not in run.metrics:  # the local test split's
-            run.metrics["shared-head-accuracy"] = self._evaluate(run, x, y, "shared").accuracy
+        for head in ("shared", "own"):  # the local test split's, each head alone
+            if f"{head}-head-accuracy" not in run.metrics:
+                run.metrics[f"{head}-head-accuracy"] = self._evaluate(run, x, y, head).accuracy
         return stats
 
     def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:

@@ -225,9 +225,14 @@ def test_prediction_uses_the_shared_model_predict_with_names(
 ) -> None:
     """An evaluation predicts with the server's shared model (``sent``) or the node's own
     trained copy (``trained``), keeps that model for export, and reports the other as
-    accuracy-without-shared and the shared head's own accuracy as a diagnostic."""
+    accuracy-without-shared and each head's accuracy alone as diagnostics."""
     hook = methods.get("fedmrl").client_hook()
-    ctx = client_context(tmp_path, "fedmrl", pid=0, **{"fedmrl.predict-with": predict_with})
+    ctx = client_context(
+        tmp_path,
+        "fedmrl",
+        pid=0,
+        **{"fedmrl.predict-with": predict_with, "fedmrl.predict-head": "own"},
+    )
     sent = {k: v.clone() for k, v in hook.shared_state(open_run(ctx, 1, hook)).items()}
     train_message(hook, ConfigRecord({"server-round": 1}), to_record(sent), ctx)
     run = open_run(ctx, 1, hook, training=False)
@@ -237,24 +242,30 @@ def test_prediction_uses_the_shared_model_predict_with_names(
     run.received = dict(server)
     hook.install(run, run.received)
     x, y = run.data.x_test, run.data.y_test
+    with torch.no_grad():  # the own head calls the test split's rarest class: heads differ
+        run.model.head.bias[int(torch.bincount(y).argmin())] += 100.0
 
-    def scored_with(shared: dict[str, torch.Tensor]) -> tuple[float, float]:
-        """The own head's summed CE loss and the shared head's accuracy."""
+    def scored_with(shared: dict[str, torch.Tensor]) -> tuple[float, float, float]:
+        """The own head's summed CE loss, the shared head's and the own head's accuracy."""
         model = copy.deepcopy(run.model)
         model.load_state_dict(shared, strict=False)
         model.eval()
         with torch.no_grad():
             reps = model.features(x)
-            loss = float(F.cross_entropy(model.head(reps), y, reduction="sum"))
+            own_logits = model.head(reps)
+            loss = float(F.cross_entropy(own_logits, y, reduction="sum"))
             shared_head = float((model.shared_logits(reps).argmax(1) == y).float().mean())
-        return loss, shared_head
+            own_head = float((own_logits.argmax(1) == y).float().mean())
+        return loss, shared_head, own_head
 
     predicted, other = (server, own) if predict_with == "sent" else (own, server)
     assert abs(scored_with(predicted)[0] - scored_with(other)[0]) > 1e-3  # they differ
     stats = hook.evaluate(run, x, y)
-    want, want_shared_head = scored_with(predicted)
+    want, want_shared_head, want_own_head = scored_with(predicted)
     assert stats.loss_sum == pytest.approx(want, rel=1e-5)
     assert run.metrics["shared-head-accuracy"] == pytest.approx(want_shared_head, abs=1e-6)
+    assert run.metrics["own-head-accuracy"] == pytest.approx(want_own_head, abs=1e-6)
+    assert want_own_head != want_shared_head
     without = hook.evaluate_without_shared(run, x, y)
     assert without is not None
     assert without.loss_sum == pytest.approx(scored_with(other)[0], rel=1e-5)
