@@ -15,10 +15,12 @@ reconstruction per knowledge form, all from the same trained model and data:
   FedTGP upload one per class);
 * ``entangled``: FedRE's upload, Σ_c w_c p_c with the round's weights (one image per
   present class; scored on the largest class, as the prototype);
-* ``gradient``: the DLG baseline, one sample's gradient of the head (label known).
+* ``gradient``: the DLG baseline, one sample's gradient of the head (label known);
+* ``logit``: FD's upload, the mean logit vector of the client's largest class (over
+  its training images, the trained model in eval mode), inverted through the head.
 
-``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype`` and
-``entangled`` as they did to the uploads.
+``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype``, ``entangled``
+and ``logit`` as they would to the uploads.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
-FORMS = ("raw", "prototype", "entangled", "gradient")
+FORMS = ("raw", "prototype", "entangled", "gradient", "logit")
 
 
 @dataclass
@@ -142,7 +144,23 @@ def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruct
     gw, gb = torch.autograd.grad(loss, [head.weight, head.bias])
     rec = invert_gradient(features, head, big, (gw, gb), shape, steps=steps, generator=gen)[0]
     out.append(score("gradient", rec, images[sample : sample + 1]))
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    def logits(t: torch.Tensor) -> torch.Tensor:
+        return head(features(t))  # type: ignore[no-any-return]
+
+    target = protected(run, class_logit(logits, own)[None])[0]
+    rec = invert(logits, target, shape, steps=steps, generator=gen)[0]
+    out.append(score("logit", rec, own))
     return out
+
+
+def class_logit(logits: Any, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """The mean logit vector of ``images`` (one class's, in [0, 1]): FD's upload."""
+    with torch.no_grad():
+        parts = [logits(images[i : i + batch]).double().sum(0) for i in range(0, len(images), batch)]
+    return (torch.stack(parts).sum(0) / len(images)).float()
 
 
 def audit(out_dir: Path, clients: int = 20, steps: int = 300) -> list[Reconstruction]:

@@ -32,6 +32,18 @@ def test_the_attack_recovers_an_image_through_the_identity_almost_exactly() -> N
     assert ssim(rec, image) > 0.95
 
 
+def test_the_logit_form_is_the_class_mean_logit_over_every_batch() -> None:
+    """``fedhet audit``'s ``logit`` target (FD's upload): the mean of the logits of a
+    class's images, whatever the batching: against the closed form of a linear model."""
+    from cli.audit import class_logit
+
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(144, 10, generator=g), torch.randn(10, generator=g)
+    images = torch.rand(7, 1, 12, 12, generator=g)
+    got = class_logit(lambda x: x.flatten(1) @ w + b, images, batch=3)
+    torch.testing.assert_close(got, images.flatten(1).mean(0) @ w + b, rtol=1e-5, atol=1e-5)
+
+
 def test_from_pure_noise_it_recovers_nothing_useful() -> None:
     """An upload of noise gives noise: the reconstruction is no closer to real images
     than a random image is (chance level)."""
