@@ -159,7 +159,8 @@ def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruct
 def class_logit(logits: Any, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
     """The mean logit vector of ``images`` (one class's, in [0, 1]): FD's upload."""
     with torch.no_grad():
-        parts = [logits(images[i : i + batch]).double().sum(0) for i in range(0, len(images), batch)]
+        starts = range(0, len(images), batch)
+        parts = [logits(images[i : i + batch]).double().sum(0) for i in starts]
     return (torch.stack(parts).sum(0) / len(images)).float()
 
 
