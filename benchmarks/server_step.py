@@ -23,7 +23,7 @@ Torch threads as ``--threads`` (2: every core here; the server's default). At N 
 it takes about 8 minutes here, 6 of them FedTGP's server training.
 
     python -m benchmarks.server_step [--nodes 1000] [--methods fedavg,fedara]
-        [--out benchmarks/out/server-step.json]
+        [--out benchmarks/out/server-step.json] [--merge]
 """
 
 from __future__ import annotations
@@ -243,16 +243,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/server-step.json")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep --out's rows of other algorithms (same nodes and threads), in registry order",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for name in args.methods.split(","):
-        rows.append(time_method(name, args.nodes, args.rounds))
+        rows.append({**time_method(name, args.nodes, args.rounds), "measured": now})
         print(json.dumps(rows[-1]), flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())
+        if old["threads"] != args.threads or any(r["nodes"] != args.nodes for r in old["rows"]):
+            raise SystemExit(f"--merge: {args.out} was measured with other --nodes / --threads")
+        by_name = {r["algorithm"]: {"measured": old["measured"], **r} for r in old["rows"]}
+        by_name |= {r["algorithm"]: r for r in rows}
+        order = [m.name for m in BUILTIN]
+        rows = sorted(by_name.values(), key=lambda r: order.index(r["algorithm"]))
+        peak = max(peak, old["peak-rss-mb"])
     doc = {
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "measured": min(r["measured"] for r in rows) + " to " + max(r["measured"] for r in rows)
+        if len({r["measured"] for r in rows}) > 1
+        else now,
         "threads": args.threads,
-        "peak-rss-mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak-rss-mb": peak,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
