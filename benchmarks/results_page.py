@@ -257,9 +257,20 @@ def last(es: list[Entry], key: str = "accuracy") -> list[float]:
     return vals
 
 
+COMPUTE_COST = ("compute-cost.json", "compute-cost-added.json")
+"""``benchmarks.compute_cost`` runs, each with its own ``lgfedavg`` reference: every
+method in the first, then the methods added after it (``--algorithms lgfedavg,...
+--out benchmarks/out/compute-cost-added.json``); a method's ratio is from the first
+run that has it."""
+
+
 def compute_ratio() -> dict[str, float]:
-    doc = load("compute-cost.json")
-    return dict(doc["ratio-to-lgfedavg"]) if isinstance(doc, dict) else {}
+    ratios: dict[str, float] = {}
+    for name in COMPUTE_COST:
+        doc = load(name)
+        if isinstance(doc, dict):
+            ratios = dict(doc["ratio-to-lgfedavg"]) | ratios
+    return ratios
 
 
 def table(regime: str, names: list[str], extra: tuple[str, ...] = (), sort: bool = False) -> str:
@@ -643,7 +654,10 @@ def summary_section() -> str:
         "(the one labelled `fedre variant` is FedRE's best measured setting, not its default); "
         "per-suite tables, variants, ablations and plots: [docs/results/README.md]"
         "(docs/results/README.md). Client computation: the whole training message relative "
-        "to `lgfedavg`'s (`python -m benchmarks.compute_cost`, interleaved in one process).",
+        "to `lgfedavg`'s (`python -m benchmarks.compute_cost`, interleaved in one process; "
+        "FD, FedMRL, FedGen and FedL2G in a second run with its own `lgfedavg`: "
+        "`--algorithms lgfedavg,fd,fedmrl,fedgen,fedl2g,fedl2gl "
+        "--out benchmarks/out/compute-cost-added.json`).",
         "",
     ]
     for regime in REGIMES:
