@@ -34,6 +34,7 @@ TIMINGS = (
     "compute-cost-added.json",
     "scale.json",
     "privacy.json",
+    "privacy-forms-seed0.json",
     "faults.json",
     "privacy-grid.png",
     "deployment.json",
@@ -349,6 +350,24 @@ def scale_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+FORM_NAMES = {
+    "raw": "raw representation of one sample",
+    "prototype": "class prototype (FedProto, FedGH, FedTGP)",
+    "entangled": "entangled representation (FedRE)",
+    "gradient": "one sample's head gradient (DLG)",
+    "logit": "class mean logits (FD)",
+}
+
+
+def form_rows(forms: dict) -> list[str]:
+    """One table row per audited knowledge form."""
+    return [
+        f"| {FORM_NAMES.get(form, form)} | {f['n']:.0f} | {f['psnr_closest']:.2f} | "
+        f"{f['ssim_closest']:.3f} | {f['psnr_class_mean']:.2f} |"
+        for form, f in forms.items()
+    ]
+
+
 def privacy_section() -> str:
     doc = load("privacy.json")
     if not isinstance(doc, dict):
@@ -366,17 +385,21 @@ def privacy_section() -> str:
         "PSNR, class mean (dB) |",
         "|---|---|---|---|---|",
     ]
-    names = {
-        "raw": "raw representation of one sample",
-        "prototype": "class prototype (FedProto, FedGH, FedTGP)",
-        "entangled": "entangled representation (FedRE)",
-        "gradient": "one sample's head gradient (DLG)",
-    }
-    for form, f in forms.items():
-        lines.append(
-            f"| {names.get(form, form)} | {f['n']:.0f} | {f['psnr_closest']:.2f} | "
-            f"{f['ssim_closest']:.3f} | {f['psnr_class_mean']:.2f} |"
-        )
+    lines += form_rows(forms)
+    seed0 = load("privacy-forms-seed0.json")
+    if isinstance(seed0, dict) and "none" in seed0["rows"]:
+        lines += [
+            "",
+            "Every form the audit knows on one run (`python -m benchmarks.privacy --rows none "
+            "--seeds 0 --out benchmarks/out/privacy-forms-seed0.json`: seed 0, no protection, "
+            "its first 20 clients), the knowledge forms added after the table above among "
+            "them:",
+            "",
+            "| knowledge form | reconstructions | PSNR, closest image (dB) | SSIM, closest | "
+            "PSNR, class mean (dB) |",
+            "|---|---|---|---|---|",
+            *form_rows(seed0["rows"]["none"]["forms"]),
+        ]
     lines += [
         "",
         f"Privacy against utility: every uploaded vector clipped to L2 norm {doc['clip']:g} "
