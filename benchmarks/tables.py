@@ -31,6 +31,7 @@ TIMINGS = (
     "fedara-cost.json",
     "server-step.json",
     "compute-cost.json",
+    "compute-cost-fedl2g.json",
     "compute-cost-added.json",
     "scale.json",
     "privacy.json",
