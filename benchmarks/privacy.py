@@ -46,8 +46,8 @@ def run_dir(row: str, seed: int) -> Path:
 def run(row: str, seed: int) -> Path:
     """The row's FedRE run (skipped when complete and its personal models are kept)."""
     out = run_dir(row, seed)
-    if complete(out) and (out / "audit.json").exists():
-        return out
+    if complete(out) and ((out / "audit.json").exists() or (out / "clients").is_dir()):
+        return out  # audited, or its personal models kept for the audit
     regime = REGIMES["scarce"]
     overrides = {
         "algorithm": "fedre",

@@ -97,11 +97,17 @@ def small_config(tmp_path: Path, **overrides: Any) -> dict:
 
 
 def run_inprocess(
-    tmp_path: Path, num_nodes: int = 3, *, app: ClientApp | None = None, **overrides: Any
+    tmp_path: Path,
+    num_nodes: int = 3,
+    *,
+    app: ClientApp | None = None,
+    keep_clients: bool = False,
+    **overrides: Any,
 ) -> tuple[dict, FakeGrid]:
     """A whole run of :func:`small_config` with ``overrides`` through a
     :class:`FakeGrid` of ``num_nodes`` nodes running ``app`` (default: fedhet's
-    ClientApp); the run's ``results.json`` and the grid."""
+    ClientApp); the run's ``results.json`` and the grid. ``keep_clients``: the nodes
+    keep their personal models under ``<out-dir>/clients``, as a simulation's do."""
     if app is None:
         from client_app.app import app as fedhet_app
 
@@ -110,6 +116,8 @@ def run_inprocess(
     cfg = parse_run_config(run_config)
     grid = FakeGrid(app, run_config, num_nodes)
     strategy = make_strategy(cfg)
+    if keep_clients:
+        strategy.clients_dir = str(cfg.resolved_out_dir("t") / "clients")
     recorder = Recorded(strategy, cfg, cfg.resolved_out_dir("t"))
     initial = strategy.initial_arrays(grid)  # type: ignore[arg-type]
     recorder.start(grid, initial, num_rounds=cfg.num_server_rounds, evaluate_fn=recorder.end_round)  # type: ignore[arg-type]

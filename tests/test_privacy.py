@@ -125,3 +125,20 @@ def test_parameter_uploads_go_through_flowers_local_dp_mod(tmp_path: Path) -> No
     assert np.sqrt(sum(float((v**2).sum()) for v in plain.values())) > 0.01
     assert all(v.dtype == np.float32 for v in noisy.values())
     assert not np.allclose(noisy["head.bias"], private["head.bias"])
+
+
+@pytest.mark.slow  # a 2-round in-process run, then the audit of one client
+def test_the_audit_scores_every_form_of_a_finished_run(tmp_path: Path) -> None:
+    """``fedhet audit`` finds a finished run's personal models (their files carry the
+    run's lineage tag) and scores one reconstruction per knowledge form."""
+    from cli.audit import FORMS, audit, summarise
+    from server_app.inprocess import run_inprocess
+
+    res, _ = run_inprocess(tmp_path, algorithm="fedre", keep_clients=True)
+    out = Path(res["config"]["out-dir"])
+    rows = audit(out, clients=1, steps=2)
+    assert [r.form for r in rows] == list(FORMS)
+    for r in rows:
+        assert r.image.shape == r.nearest.shape and float(r.image.min()) >= 0
+        assert np.isfinite(r.psnr_closest) and np.isfinite(r.psnr_class_mean)
+    assert set(summarise(rows)) == set(FORMS)
