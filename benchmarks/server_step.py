@@ -65,10 +65,12 @@ def make_nodes(name: str, n: int) -> list[Any]:
 def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.Generator) -> dict:
     """One reply's arrays, as the method's client would shape them."""
     from common.messages import GUIDE_GRAD, LABEL_COUNTS, LOGIT, PROTO, REP, SOFT_LABEL
+    from strategies.fedl2g import FedL2G
+    from strategies.fedproto import present_classes
 
     expected = s.expected_upload(info)
-    if expected is None and hasattr(s, "width"):  # FedL2G: a gradient row per class it has
-        expected = {f"{GUIDE_GRAD}{c}": (s.width(info),) for c in present(info)}
+    if isinstance(s, FedL2G):  # a gradient row per class it has (expected_upload: None)
+        expected = {f"{GUIDE_GRAD}{c}": (s.width(info),) for c in present_classes(info)}
     if expected is None:  # FedKD: the mentee's update, whole or as factors
         return mentee_update(s.global_arrays, rng)
     centres = class_centres(info.feature_dim, info.num_classes)
@@ -94,11 +96,6 @@ def fake_upload(s: Any, info: Any, sent: dict[str, np.ndarray], rng: np.random.G
     if REP in expected:
         out[REP] = out[SOFT_LABEL] @ centres + rng.normal(0, 0.3, expected[REP])
     return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
-
-
-def present(info: Any) -> list[int]:
-    """The classes a node has samples of."""
-    return [c for c, n in enumerate(info.class_counts) if n > 0]
 
 
 def label_counts(info: Any) -> np.ndarray:

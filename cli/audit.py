@@ -70,7 +70,6 @@ class Finished:
 def client_run(done: Finished, partition: int):  # type: ignore[no-untyped-def]
     """The client's run as its last evaluation saw it (trained model, data)."""
     from client_app.base import open_run
-    from client_app.state import versions
     from common import methods
 
     ctx = Context(
@@ -78,14 +77,12 @@ def client_run(done: Finished, partition: int):  # type: ignore[no-untyped-def]
         node_id=partition + 1,
         node_config={"partition-id": partition, "num-partitions": done.nodes},
         state=RecordDict(),
-        run_config=done.config,
+        # the files carry the run's lineage tag, which results.json does not record:
+        # carried over, the node opens the newest version its folder holds
+        run_config={**done.config, "carry-personal-state": True},
     )
     hook = methods.get(done.config["algorithm"]).client_hook()
-    clients = str(done.out_dir / "clients")
-    run = open_run(ctx, done.last, hook, clients, training=False)
-    found = versions(run.state_path) if run.state_path is not None else []
-    if run.rounds_trained == 0 and found:  # the files carry the run's lineage tag
-        run = open_run(ctx, done.last, hook, clients, training=False, lineage=found[-1].lineage)
+    run = open_run(ctx, done.last, hook, str(done.out_dir / "clients"), training=False)
     if run.rounds_trained == 0:
         raise FileNotFoundError(
             f"no personal model of partition {partition} in {done.out_dir / 'clients'}"

@@ -78,7 +78,10 @@ class FedMRLHook(MutualHook):
         stats = self._evaluate(run, x, y)
         for head in ("shared", "own"):  # the local test split's, each head alone
             if f"{head}-head-accuracy" not in run.metrics:
-                run.metrics[f"{head}-head-accuracy"] = self._evaluate(run, x, y, head).accuracy
+                alone = stats if head == run.cfg.fedmrl.predict_head else None
+                run.metrics[f"{head}-head-accuracy"] = (
+                    alone or self._evaluate(run, x, y, head)
+                ).accuracy
         return stats
 
     def evaluate_without_shared(self, run: ClientRun, x: Tensor, y: Tensor) -> EvalStats | None:
