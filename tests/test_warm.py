@@ -68,18 +68,42 @@ def test_tls_and_insecure_settings_pass_through_as_flower_passes_them() -> None:
     assert module.subprocess.Popen.__module__ == "subprocess"
 
 
-class SlowGrid:
-    """Replies arrive over several pulls; records when each pull happened."""
+class _Clock:
+    """Virtual time: ``sleep`` advances ``monotonic`` exactly, so a test measures the
+    code's own waits, never the host's load."""
 
-    def __init__(self, batches: list[int]) -> None:
-        self.batches, self.pulls, self.sent = batches, [], []
+    def __init__(self) -> None:
+        self.now, self.slept = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    import server_app.grid
+
+    virtual = _Clock()
+    monkeypatch.setattr(server_app.grid, "time", virtual)
+    return virtual
+
+
+class SlowGrid:
+    """Replies arrive over several pulls; records when (virtual time) each pull happened."""
+
+    def __init__(self, batches: list[int], clock: _Clock) -> None:
+        self.batches, self.pulls, self.sent, self.clock = batches, [], [], clock
 
     def push_messages(self, messages):  # type: ignore[no-untyped-def]
         self.sent = list(messages)
         return [m.metadata.message_id or f"m{i}" for i, m in enumerate(self.sent)]
 
     def pull_messages(self, ids):  # type: ignore[no-untyped-def]
-        self.pulls.append(time.monotonic())
+        self.pulls.append(self.clock.now)
         take = self.batches.pop(0) if self.batches else 0
         out = []
         for mid in sorted(ids)[:take]:
@@ -91,25 +115,24 @@ class SlowGrid:
         return out
 
 
-@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
-@pytest.mark.serial  # ... and alone (test.sh --all)
-def test_polling_grid_collects_every_reply_at_short_intervals() -> None:
-    inner = SlowGrid([0, 1, 0, 2])
+def test_polling_grid_collects_every_reply_at_short_intervals(clock: _Clock) -> None:
+    inner = SlowGrid([0, 1, 0, 2], clock)
+    grid = PollingGrid(inner, interval=0.05)  # type: ignore[arg-type]
     msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(3)]
-    start = time.monotonic()
-    replies = list(PollingGrid(inner, interval=0.05).send_and_receive(msgs, timeout=10))  # type: ignore[arg-type]
+    replies = list(grid.send_and_receive(msgs, timeout=10))
     assert len(replies) == 3 and len(inner.pulls) == 4
-    assert time.monotonic() - start < 1.0  # Flower's HTTP grid would wait 3 s per pull
+    assert len(clock.slept) == 3 and clock.slept[0] == pytest.approx(0.05)
+    assert sum(clock.slept) < 0.5  # Flower's HTTP grid would wait 3 s per pull
 
 
-@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
-@pytest.mark.serial  # ... and alone (test.sh --all)
-def test_polling_grid_stops_at_the_timeout() -> None:
-    inner = SlowGrid([])
+def test_polling_grid_stops_at_the_timeout(clock: _Clock) -> None:
+    inner = SlowGrid([], clock)
+    grid = PollingGrid(inner, interval=0.05)  # type: ignore[arg-type]
     msgs = [Message(RecordDict(), dst_node_id=1, message_type="train.x")]
-    start = time.monotonic()
-    replies = list(PollingGrid(inner, interval=0.05).send_and_receive(msgs, timeout=0.3))  # type: ignore[arg-type]
-    assert replies == [] and 0.3 <= time.monotonic() - start < 1.0
+    start = clock.now
+    replies = list(grid.send_and_receive(msgs, timeout=0.3))
+    assert replies == [] and clock.now - start == pytest.approx(0.3)  # last wait cut short
+    assert inner.pulls[-1] - start == pytest.approx(0.3)
 
 
 def test_reply_wait_closes_in_on_the_expected_last_reply() -> None:
@@ -128,38 +151,36 @@ def test_reply_wait_closes_in_on_the_expected_last_reply() -> None:
 
 
 class TimedGrid(SlowGrid):
-    """Each message's reply is there ``delay`` seconds after its push."""
+    """Each message's reply is there ``delay`` (virtual) seconds after its push."""
 
-    def __init__(self, delay: float) -> None:
-        super().__init__([])
+    def __init__(self, delay: float, clock: _Clock) -> None:
+        super().__init__([], clock)
         self.delay, self.pushed = delay, 0.0
 
     def push_messages(self, messages):  # type: ignore[no-untyped-def]
-        self.pushed = time.monotonic()
+        self.pushed = self.clock.now
         return super().push_messages(messages)
 
     def pull_messages(self, ids):  # type: ignore[no-untyped-def]
-        ready = time.monotonic() - self.pushed >= self.delay
+        ready = self.clock.now - self.pushed >= self.delay
         self.batches = [len(list(ids))] if ready else [0]
         return super().pull_messages(ids)
 
 
-@pytest.mark.slow  # wall-clock bounds: in the full tier, never in the fast one
-@pytest.mark.serial  # ... and alone (test.sh --all)
 @pytest.mark.parametrize("mode", ["informed", "fixed"])
-def test_informed_reply_polls_wait_for_the_phase_they_learnt(mode: str) -> None:
+def test_informed_reply_polls_wait_for_the_phase_they_learnt(mode: str, clock: _Clock) -> None:
     """The second phase of a kind polls a few times before its replies are due (fixed:
     every interval) and still collects them within about one interval."""
-    inner = TimedGrid(1.2)
+    inner = TimedGrid(1.2, clock)
     grid = PollingGrid(inner, interval=0.05, mode=mode)  # type: ignore[arg-type]
     msgs = [Message(RecordDict(), dst_node_id=i, message_type="train.x") for i in range(2)]
     assert len(list(grid.send_and_receive(msgs, timeout=10))) == 2
     if mode == "informed":
         assert grid.expected["train"] == pytest.approx(1.2, abs=0.3)
     inner.pulls = []
-    start = time.monotonic()
+    start = clock.now
     assert len(list(grid.send_and_receive(msgs, timeout=10))) == 2
-    late = time.monotonic() - start - 1.2
+    late = clock.now - start - 1.2
     early = sum(1 for t in inner.pulls if t - start < 1.2)
     if mode == "informed":
         assert early <= 12 and late < 0.25
@@ -344,18 +365,6 @@ def test_flower_waits_that_the_pacing_tells_apart() -> None:
     waits = sorted(set(re.findall(r"time\.sleep\(([0-9.]+)\)", source)), key=float)
     assert [float(w) for w in waits] == [0.5, FLOWER_IDLE_PULL_S]
     assert run_superexec._DEFAULT_TASK_POLL_INTERVAL_SECONDS == FLOWER_TASK_POLL_S
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now, self.slept = 100.0, []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 def _paced(clock: _Clock, fast: bool = False, cap: float | None = None):  # type: ignore[no-untyped-def]
