@@ -357,6 +357,8 @@ FORM_NAMES = {
     "entangled": "entangled representation (FedRE)",
     "gradient": "one sample's head gradient (DLG)",
     "logit": "class mean logits (FD)",
+    "guide": "guide-gradient rows (FedL2G-f; labels and quiz direction given)",
+    "guide-logit": "guide-gradient rows (FedL2G-l; labels and quiz direction given)",
 }
 
 

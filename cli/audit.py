@@ -17,10 +17,19 @@ reconstruction per knowledge form, all from the same trained model and data:
   present class; scored on the largest class, as the prototype);
 * ``gradient``: the DLG baseline, one sample's gradient of the head (label known);
 * ``logit``: FD's upload, the mean logit vector of the client's largest class (over
-  its training images, the trained model in eval mode), inverted through the head.
+  its training images, the trained model in eval mode), inverted through the head;
+* ``guide``: FedL2G-f's upload, the meta step's guide-gradient rows (the last round's
+  study and quiz batches, the run seed's initial guide table), inverted by optimising
+  the study images so that the rows they give match the uploaded rows in direction.
+  The attacker is also given what the upload does not reveal, the study labels and
+  the quiz direction ``v`` (the quiz loss's gradient at the stepped model), so the
+  rows are a closed form of the images (``models.guide.study_rows``): an upper bound
+  on what inverting this form recovers. Scored on the first study sample of the
+  class with the most study samples;
+* ``guide-logit``: the same for FedL2G-l (rows in the logit space).
 
-``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype``, ``entangled``
-and ``logit`` as they would to the uploads.
+``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype``, ``entangled``,
+``logit`` and ``guide`` as they would to the uploads.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
-FORMS = ("raw", "prototype", "entangled", "gradient", "logit")
+FORMS = ("raw", "prototype", "entangled", "gradient", "logit", "guide", "guide-logit")
 
 
 @dataclass
@@ -155,7 +164,62 @@ def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruct
     target = protected(run, class_logit(logits, own)[None])[0]
     rec = invert(logits, target, shape, steps=steps, generator=gen)[0]
     out.append(score("logit", rec, own))
+    for form in ("guide", "guide-logit"):
+        out.append(guide_reconstruction(form, done, run, images, (lo, hi), steps, gen))
     return out
+
+
+def guide_reconstruction(  # type: ignore[no-untyped-def]
+    form: str,
+    done: Finished,
+    run,
+    images: torch.Tensor,
+    scale: tuple[torch.Tensor, torch.Tensor],
+    steps: int,
+    gen: torch.Generator,
+) -> Reconstruction:
+    """The ``guide`` (FedL2G-f) or ``guide-logit`` (FedL2G-l) form: the last round's
+    rows, as the client would upload them from this model and data, inverted with the
+    study labels and quiz direction given (module docstring)."""
+    from client_app.fedl2g import FedL2GHook, FedL2GLHook
+    from common.messages import GUIDE, GUIDE_GRAD
+    from models.guide import initial_table, quiz_direction, study_rows
+    from models.privacy import closest, invert_rows, psnr, ssim
+
+    hook = FedL2GHook() if form == "guide" else FedL2GLHook()
+    model, (lo, hi) = run.model, scale
+    classes_n = run.data.num_classes
+    table = torch.from_numpy(initial_table(classes_n, hook.width(run), int(done.config["seed"])))
+    run.received = {GUIDE: table}
+    study, quiz = hook.meta_batches(run)
+    upload = hook.upload(run)  # the rows as sent: privacy.* applied
+    classes = sorted(int(key[len(GUIDE_GRAD) :]) for key in upload)
+    target = torch.zeros(classes_n, hook.width(run))
+    for c in classes:
+        target[c] = upload[f"{GUIDE_GRAD}{c}"]
+    v = quiz_direction(model, table, study, quiz, run.sgd.lr, hook.space)
+    labels = [y for _, y in study]
+    sizes = [len(y) for y in labels]
+
+    def rows_of(t: torch.Tensor) -> torch.Tensor:
+        parts = (t * (hi - lo) + lo).split(sizes)
+        batch = list(zip(parts, labels, strict=True))
+        return study_rows(model, batch, v, run.sgd.lr, hook.space, classes_n)
+
+    c, h, w = (int(s) for s in images.shape[1:])
+    recs = invert_rows(rows_of, target, classes, (c, h, w), sum(sizes), steps=steps, generator=gen)
+    ys = torch.cat(labels)
+    counts = torch.bincount(ys, minlength=classes_n)
+    chosen = int(counts.argmax())
+    at = int(torch.nonzero(ys == chosen)[0, 0])
+    pool = images[run.data.y_train == chosen]
+    i, p = closest(recs[at], pool)
+    image = recs[at]
+    return Reconstruction(
+        form, run.node.partition_id, image, pool[i], p, ssim(image, pool[i]),
+        psnr(image, pool.mean(0)), {"classes": len(classes), "study": int(sum(sizes)),
+        "of-class": int(counts[chosen])},
+    )  # fmt: skip
 
 
 def class_logit(logits: Any, images: torch.Tensor, batch: int = 500) -> torch.Tensor:

@@ -90,7 +90,9 @@ class FedL2GHook(ClientHook):
             extra_loss=self.extra_loss(run),
         )
 
-    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+    def meta_batches(self, run: ClientRun) -> tuple[list[Batch], list[Batch]]:
+        """The round's (study batches, quiz batches) of the meta step, on the model's
+        device: study batches drawn afresh each round from the training part."""
         keep, quiz = self.split(run)
         f, size = self.settings(run), run.sgd.batch_size
         order = keep[torch.randperm(len(keep), generator=run.generator(STUDY_PURPOSE))]
@@ -98,13 +100,16 @@ class FedL2GHook(ClientHook):
         x, y = run.data.x_train, run.data.y_train
         study = batches(x, y, order[: f.study_batches * size], size)
         quiz_set = batches(x, y, quiz, size)
-        gradient, quiz_loss = meta_gradient(
-            run.model,
-            self.table(run).to(device),
+        return (
             [(a.to(device), b.to(device)) for a, b in study],
             [(a.to(device), b.to(device)) for a, b in quiz_set],
-            run.sgd.lr,
-            self.space,
+        )
+
+    def upload(self, run: ClientRun) -> dict[str, Tensor]:
+        study, quiz_set = self.meta_batches(run)
+        device = next(run.model.parameters()).device
+        gradient, quiz_loss = meta_gradient(
+            run.model, self.table(run).to(device), study, quiz_set, run.sgd.lr, self.space
         )
         run.metrics["quiz-loss"] = quiz_loss
         gradient = gradient.cpu()

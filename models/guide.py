@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value
+from torch.func import functional_call, grad, grad_and_value, jvp
 
 Space = Literal["feature", "logit"]
 """Where the guiding vectors live: the representation ``RM(g(x))`` [d] (FedL2G-f)
@@ -95,6 +95,19 @@ def meta_gradient(
         raise ValueError("the meta step needs a study batch and a quiz batch")
     outputs = _Outputs(model)
     params = {k: p.detach() for k, p in outputs.named_parameters()}
+    study_loss, quiz_at = _losses(outputs, study, quiz, space)
+
+    def quiz_loss(g: Tensor) -> Tensor:
+        step = grad(study_loss)(params, g)
+        return quiz_at({k: params[k] - lr * step[k] for k in params})
+
+    with batch_statistics(model):
+        gradient, value = grad_and_value(quiz_loss)(table.detach())
+    return gradient.detach(), float(value)
+
+
+def _losses(outputs: _Outputs, study: Sequence[Batch], quiz: Sequence[Batch], space: Space):  # type: ignore[no-untyped-def]
+    """``(L_s(θ, G), L_q(θ))`` of :func:`meta_gradient` as functions of the parameters."""
 
     def study_loss(p: dict[str, Tensor], g: Tensor) -> Tensor:
         total = torch.zeros((), device=g.device, dtype=g.dtype)
@@ -105,18 +118,67 @@ def meta_gradient(
             )
         return total / len(study)
 
-    def quiz_loss(g: Tensor) -> Tensor:
-        step = grad(study_loss)(params, g)
-        moved = {k: params[k] - lr * step[k] for k in params}
-        total = torch.zeros((), device=g.device, dtype=g.dtype)
+    def quiz_loss(p: dict[str, Tensor]) -> Tensor:
+        first = next(iter(p.values()))
+        total = torch.zeros((), device=first.device, dtype=first.dtype)
         for x, y in quiz:
-            _, logits = functional_call(outputs, moved, (x,))
+            _, logits = functional_call(outputs, p, (x,))
             total = total + F.cross_entropy(logits, y)
         return total / len(quiz)
 
+    return study_loss, quiz_loss
+
+
+def quiz_direction(
+    model: nn.Module,
+    table: Tensor,
+    study: Sequence[Batch],
+    quiz: Sequence[Batch],
+    lr: float,
+    space: Space,
+) -> dict[str, Tensor]:
+    """``v = ∇L_q(θ')`` at the stepped parameters ``θ' = θ − lr · ∇_θ L_s(θ, G)`` of
+    :func:`meta_gradient` (per parameter name): the direction its closed form applies
+    each study sample's Jacobian to."""
+    outputs = _Outputs(model)
+    params = {k: p.detach() for k, p in outputs.named_parameters()}
+    study_loss, quiz_loss = _losses(outputs, study, quiz, space)
     with batch_statistics(model):
-        gradient, value = grad_and_value(quiz_loss)(table.detach())
-    return gradient.detach(), float(value)
+        step = grad(study_loss)(params, table.detach())
+        moved = {k: params[k] - lr * step[k] for k in params}
+        return {k: v.detach() for k, v in grad(quiz_loss)(moved).items()}
+
+
+def study_rows(
+    model: nn.Module,
+    study: Sequence[Batch],
+    direction: dict[str, Tensor],
+    lr: float,
+    space: Space,
+    num_classes: int,
+) -> Tensor:
+    """:func:`meta_gradient`'s closed form given the quiz direction ``v``
+    (:func:`quiz_direction`): ``lr · 2/(B·w) / S · Σ_{b of class c} J_b · v`` [C, w],
+    each ``J_b · v`` a forward-mode product (``torch.func.jvp``). Differentiable in the
+    study images: what an attack that knows ``v`` optimises (``fedhet audit``)."""
+    outputs = _Outputs(model)
+    params = {k: p.detach() for k, p in outputs.named_parameters()}
+    tangent = {k: direction[k] for k in params}
+    rows: Tensor | None = None
+    with batch_statistics(model):
+        for x, y in study:
+
+            def out(p: dict[str, Tensor], x: Tensor = x) -> Tensor:
+                reps, logits = functional_call(outputs, p, (x,))
+                return guided(reps, logits, space)
+
+            jv = jvp(out, (params,), (tangent,))[1]
+            part = torch.zeros(num_classes, jv.shape[1], dtype=jv.dtype).index_add(
+                0, y, jv * (2 * lr / (len(y) * jv.shape[1]) / len(study))
+            )
+            rows = part if rows is None else rows + part
+    assert rows is not None, "no study batch"
+    return rows
 
 
 def table_step(

@@ -11,6 +11,8 @@ Pure PyTorch with explicit generators; no Flower imports.
   upload reveals — matches the uploaded vector.
 * :func:`invert_gradient`: the DLG baseline, images whose gradient of the head matches
   an observed one.
+* :func:`invert_rows`: images whose rows of a per-class upload computed from them
+  (FedL2G's guide-gradient rows) match the uploaded rows in direction.
 * :func:`psnr`, :func:`ssim`: image similarity against the client's real images.
 """
 
@@ -99,6 +101,35 @@ def invert_gradient(
         got = torch.autograd.grad(loss_ce, [head.weight, head.bias], create_graph=True)
         flat = torch.cat([g.flatten() for g in got])
         loss = 1 - F.cosine_similarity(flat, want, dim=0) + tv * total_variation(x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return torch.sigmoid(logits).detach()
+
+
+def invert_rows(
+    rows_of: Callable[[Tensor], Tensor],
+    target: Tensor,
+    classes: list[int],
+    shape: tuple[int, int, int],
+    count: int,
+    *,
+    steps: int = 300,
+    lr: float = 0.1,
+    tv: float = 0.01,
+    generator: torch.Generator,
+) -> Tensor:
+    """``count`` images ``[count, c, h, w]`` whose per-class rows (``rows_of(images)``
+    [C, w]) match ``target``'s rows of ``classes`` in direction: the mean cosine
+    distance over those rows, as :func:`invert_gradient`; starts from noise."""
+    logits = (torch.randn((count, *shape), generator=generator) * 0.1).requires_grad_(True)
+    opt = torch.optim.Adam([logits], lr=lr)
+    want = target[classes]
+    for _ in range(steps):
+        x = torch.sigmoid(logits)
+        got = rows_of(x)[classes]
+        distance = 1 - F.cosine_similarity(got, want.to(got.dtype), dim=1).mean()
+        loss = distance + tv * total_variation(x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -17,7 +17,7 @@ from client_app.base import ClientRun, open_run
 from common import methods
 from common.messages import GUIDE, GUIDE_GRAD
 from common.records import to_numpy
-from models.guide import Space, meta_gradient
+from models.guide import Space, meta_gradient, quiz_direction, study_rows
 from server_app.inprocess import client_context, run_inprocess
 from strategies.fedl2g import FedL2G
 from strategies.fedl2gl import FedL2GL
@@ -36,6 +36,21 @@ class Linear(nn.Module):
 
     def classify(self, reps: Tensor) -> Tensor:
         return reps @ self.b.T + self.bias
+
+
+class BatchNet(nn.Module):
+    """A ReLU network with BatchNorm: features = body, classify = head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
+        self.head = nn.Linear(6, 3)
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.body(x)  # type: ignore[no-any-return]
+
+    def classify(self, reps: Tensor) -> Tensor:
+        return self.head(reps)  # type: ignore[no-any-return]
 
 
 def _softmax_error(z: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -92,20 +107,8 @@ def test_the_meta_gradient_matches_finite_differences_through_batch_norm() -> No
     """A ReLU network with BatchNorm, two study and two quiz batches: central
     differences of the quiz loss in float64; running statistics stay as they were."""
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
-            self.head = nn.Linear(6, 3)
-
-        def features(self, x: Tensor) -> Tensor:
-            return self.body(x)
-
-        def classify(self, reps: Tensor) -> Tensor:
-            return self.head(reps)
-
     torch.manual_seed(0)
-    net = Net().double()
+    net = BatchNet().double()
     gen = torch.Generator().manual_seed(1)
     table = torch.randn(3, 6, generator=gen, dtype=torch.float64)
 
@@ -123,6 +126,31 @@ def test_the_meta_gradient_matches_finite_differences_through_batch_norm() -> No
         up = meta_gradient(net, table + step, study, quiz, 0.05, "feature")[1]
         down = meta_gradient(net, table - step, study, quiz, 0.05, "feature")[1]
         assert float(got[c, j]) == pytest.approx((up - down) / 2e-6, rel=1e-4, abs=1e-9)
+
+
+@pytest.mark.parametrize("space", ["feature", "logit"])
+def test_the_rows_from_the_quiz_direction_are_the_meta_gradient(space: Space) -> None:
+    """``study_rows`` (Σ J_b·v by forward mode, given v from ``quiz_direction``) equals
+    the meta step's gradient through BatchNorm and two study batches, and is
+    differentiable in the study images (the audit's attack optimises them)."""
+    torch.manual_seed(0)
+    net = BatchNet().double()
+    gen = torch.Generator().manual_seed(2)
+    table = torch.randn(3, 6 if space == "feature" else 3, generator=gen, dtype=torch.float64)
+
+    def batch(n: int, y: list[int]) -> tuple[Tensor, Tensor]:
+        return torch.randn(n, 4, generator=gen, dtype=torch.float64), torch.tensor(y)
+
+    study, quiz = [batch(4, [0, 2, 2, 0]), batch(3, [2, 0, 0])], [batch(4, [1, 0, 2, 1])]
+    want, _ = meta_gradient(net, table, study, quiz, 0.05, space)
+    v = quiz_direction(net, table, study, quiz, 0.05, space)
+    got = study_rows(net, study, v, 0.05, space, 3)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-15)
+    assert not got[1].any() and got[0].abs().sum() > 0
+    x = study[0][0].clone().requires_grad_(True)
+    rows = study_rows(net, [(x, study[0][1]), study[1]], v, 0.05, space, 3)
+    (dx,) = torch.autograd.grad(rows[2].sum(), x)
+    assert dx.abs().sum() > 0 and torch.isfinite(dx).all()
 
 
 def _rows(classes: list[int], rng: np.random.Generator, w: int, scale: float = 1.0):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import torch
 
 from client_app.base import open_run
 from common import methods
-from models.privacy import closest, invert, protect, psnr, ssim
+from models.privacy import closest, invert, invert_rows, protect, psnr, ssim
 from server_app.inprocess import client_context
 
 
@@ -30,6 +30,22 @@ def test_the_attack_recovers_an_image_through_the_identity_almost_exactly() -> N
                  tv=0.0, generator=torch.Generator().manual_seed(1))[0]  # fmt: skip
     assert psnr(rec, image) > 30
     assert ssim(rec, image) > 0.95
+
+
+def test_the_row_attack_recovers_the_images_whose_rows_it_is_shown() -> None:
+    """``invert_rows`` (the ``guide`` form's attack) with rows that are the centred
+    images themselves (class c's row: image c − 0.5): the images of the rows it matches
+    come back in direction; the one whose row it is not given does not."""
+    images = torch.stack([_image(s) for s in range(3)])
+
+    def rows_of(x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1) - 0.5  # image i is class i's row
+
+    rec = invert_rows(rows_of, rows_of(images), [0, 2], (1, 12, 12), 3, steps=300, tv=0.0,
+                      generator=torch.Generator().manual_seed(1))  # fmt: skip
+    cos = torch.nn.functional.cosine_similarity(rows_of(rec), rows_of(images), dim=1)
+    assert float(cos[0]) > 0.99 and float(cos[2]) > 0.99
+    assert float(cos[1]) < 0.5
 
 
 def test_the_logit_form_is_the_class_mean_logit_over_every_batch() -> None:
