@@ -14,7 +14,8 @@ Rows: FedARA with deadline-adaptive tiers; FedARA with every node at full rank
 (waits for the slowest); FedARA at its classes' tiers; FedAvg with one model for
 all, the smallest (cnn-5) and the largest (cnn-1), waiting for the slowest;
 LG-FedAvg, FedGH, FedRE and local with each class's model; LG-FedAvg with the
-largest model that meets the deadline (``model.policy = deadline``).
+largest model that meets the deadline (``model.policy = deadline``); FD, FedGen,
+FedMRL, FedL2G and FedL2G-l with each class's model and their defaults.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ ROWS: dict[str, dict[str, Scalar]] = {
     "fedgh": {"algorithm": "fedgh"},
     "fedre": {"algorithm": "fedre"},
     "local": {"algorithm": "local"},
+    "fd": {"algorithm": "fd"},
+    "fedgen": {"algorithm": "fedgen"},
+    "fedmrl": {"algorithm": "fedmrl"},
+    "fedl2g": {"algorithm": "fedl2g"},
+    "fedl2gl": {"algorithm": "fedl2gl"},
 }
 SEEDS = (0, 1, 2)
 
