@@ -215,11 +215,9 @@ def guide_reconstruction(  # type: ignore[no-untyped-def]
     pool = images[run.data.y_train == chosen]
     i, p = closest(recs[at], pool)
     image = recs[at]
-    return Reconstruction(
-        form, run.node.partition_id, image, pool[i], p, ssim(image, pool[i]),
-        psnr(image, pool.mean(0)), {"classes": len(classes), "study": int(sum(sizes)),
-        "of-class": int(counts[chosen])},
-    )  # fmt: skip
+    extra = {"classes": len(classes), "study": sum(sizes), "of-class": int(counts[chosen])}
+    scores = (p, ssim(image, pool[i]), psnr(image, pool.mean(0)))
+    return Reconstruction(form, run.node.partition_id, image, pool[i], *scores, extra)
 
 
 def class_logit(logits: Any, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
