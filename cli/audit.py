@@ -29,7 +29,7 @@ reconstruction per knowledge form, all from the same trained model and data:
 * ``guide-logit``: the same for FedL2G-l (rows in the logit space).
 
 ``privacy.clip`` / ``privacy.noise`` of the run apply to ``prototype``, ``entangled``,
-``logit`` and ``guide`` as they would to the uploads.
+``logit``, ``guide`` and ``guide-logit`` as they would to the uploads.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruct
     """Every form's reconstruction for one client."""
     from client_app.base import ClientRun
     from client_app.prototypes import entangled, protected
-    from models.privacy import closest, invert, invert_gradient, psnr, ssim
+    from models.privacy import invert, invert_gradient
     from models.train import class_means
 
     model, run = client_run(done, partition)
@@ -125,10 +125,7 @@ def audit_client(done: Finished, partition: int, steps: int) -> list[Reconstruct
         return model.features(t * (hi - lo) + lo)  # type: ignore[operator]
 
     def score(form: str, image: torch.Tensor, pool: torch.Tensor, **extra: Any) -> Reconstruction:
-        i, p = closest(image, pool)
-        return Reconstruction(
-            form, partition, image, pool[i], p, ssim(image, pool[i]), psnr(image, mean_image), extra
-        )
+        return scored(form, partition, image, pool, mean_image, **extra)
 
     out = []
     with torch.no_grad():
@@ -184,17 +181,18 @@ def guide_reconstruction(  # type: ignore[no-untyped-def]
     from client_app.fedl2g import FedL2GHook, FedL2GLHook
     from common.messages import GUIDE, GUIDE_GRAD
     from models.guide import initial_table, quiz_direction, study_rows
-    from models.privacy import closest, invert_rows, psnr, ssim
+    from models.privacy import invert_rows
 
     hook = FedL2GHook() if form == "guide" else FedL2GLHook()
     model, (lo, hi) = run.model, scale
     classes_n = run.data.num_classes
-    table = torch.from_numpy(initial_table(classes_n, hook.width(run), int(done.config["seed"])))
+    width = hook.width(run)
+    table = torch.from_numpy(initial_table(classes_n, width, int(done.config["seed"])))
     run.received = {GUIDE: table}
     study, quiz = hook.meta_batches(run)
     upload = hook.upload(run)  # the rows as sent: privacy.* applied
     classes = sorted(int(key[len(GUIDE_GRAD) :]) for key in upload)
-    target = torch.zeros(classes_n, hook.width(run))
+    target = torch.zeros(classes_n, width)
     for c in classes:
         target[c] = upload[f"{GUIDE_GRAD}{c}"]
     v = quiz_direction(model, table, study, quiz, run.sgd.lr, hook.space)
@@ -213,11 +211,25 @@ def guide_reconstruction(  # type: ignore[no-untyped-def]
     chosen = int(counts.argmax())
     at = int(torch.nonzero(ys == chosen)[0, 0])
     pool = images[run.data.y_train == chosen]
-    i, p = closest(recs[at], pool)
-    image = recs[at]
     extra = {"classes": len(classes), "study": sum(sizes), "of-class": int(counts[chosen])}
-    scores = (p, ssim(image, pool[i]), psnr(image, pool.mean(0)))
-    return Reconstruction(form, run.node.partition_id, image, pool[i], *scores, extra)
+    return scored(form, run.node.partition_id, recs[at], pool, pool.mean(0), **extra)
+
+
+def scored(
+    form: str,
+    partition: int,
+    image: torch.Tensor,
+    pool: torch.Tensor,
+    mean_image: torch.Tensor,
+    **extra: Any,
+) -> Reconstruction:
+    """``image`` scored against its closest image in ``pool`` and ``mean_image``."""
+    from models.privacy import closest, psnr, ssim
+
+    i, p = closest(image, pool)
+    return Reconstruction(
+        form, partition, image, pool[i], p, ssim(image, pool[i]), psnr(image, mean_image), extra
+    )
 
 
 def class_logit(logits: Any, images: torch.Tensor, batch: int = 500) -> torch.Tensor:

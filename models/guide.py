@@ -93,8 +93,7 @@ def meta_gradient(
     """
     if not study or not quiz:
         raise ValueError("the meta step needs a study batch and a quiz batch")
-    outputs = _Outputs(model)
-    params = {k: p.detach() for k, p in outputs.named_parameters()}
+    outputs, params = _functional(model)
     study_loss, quiz_at = _losses(outputs, study, quiz, space)
 
     def quiz_loss(g: Tensor) -> Tensor:
@@ -104,6 +103,13 @@ def meta_gradient(
     with batch_statistics(model):
         gradient, value = grad_and_value(quiz_loss)(table.detach())
     return gradient.detach(), float(value)
+
+
+def _functional(model: nn.Module) -> tuple[_Outputs, dict[str, Tensor]]:
+    """``model``'s ``(reps, logits)`` forward and its parameters, detached, for
+    ``functional_call``."""
+    outputs = _Outputs(model)
+    return outputs, {k: p.detach() for k, p in outputs.named_parameters()}
 
 
 def _losses(outputs: _Outputs, study: Sequence[Batch], quiz: Sequence[Batch], space: Space):  # type: ignore[no-untyped-def]
@@ -140,8 +146,7 @@ def quiz_direction(
     """``v = ∇L_q(θ')`` at the stepped parameters ``θ' = θ − lr · ∇_θ L_s(θ, G)`` of
     :func:`meta_gradient` (per parameter name): the direction its closed form applies
     each study sample's Jacobian to."""
-    outputs = _Outputs(model)
-    params = {k: p.detach() for k, p in outputs.named_parameters()}
+    outputs, params = _functional(model)
     study_loss, quiz_loss = _losses(outputs, study, quiz, space)
     with batch_statistics(model):
         step = grad(study_loss)(params, table.detach())
@@ -161,8 +166,7 @@ def study_rows(
     (:func:`quiz_direction`): ``lr · 2/(B·w) / S · Σ_{b of class c} J_b · v`` [C, w],
     each ``J_b · v`` a forward-mode product (``torch.func.jvp``). Differentiable in the
     study images: what an attack that knows ``v`` optimises (``fedhet audit``)."""
-    outputs = _Outputs(model)
-    params = {k: p.detach() for k, p in outputs.named_parameters()}
+    outputs, params = _functional(model)
     tangent = {k: direction[k] for k in params}
     rows: Tensor | None = None
     with batch_statistics(model):
@@ -173,7 +177,7 @@ def study_rows(
                 return guided(reps, logits, space)
 
             jv = jvp(out, (params,), (tangent,))[1]
-            part = torch.zeros(num_classes, jv.shape[1], dtype=jv.dtype).index_add(
+            part = jv.new_zeros(num_classes, jv.shape[1]).index_add(
                 0, y, jv * (2 * lr / (len(y) * jv.shape[1]) / len(study))
             )
             rows = part if rows is None else rows + part
