@@ -192,6 +192,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
         load=load,
         confirm_along=True,
         inbox=Inbox("legacy"),
+        carry=args.carry,
     )
     rng = np.random.default_rng([args.seed, index])
     t0 = time.monotonic()
@@ -287,6 +288,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from cli.supernode import (
+        carried_node_objects,
         keep_alive_clients,
         load_aware_heartbeats,
         patient_heartbeats,
@@ -307,6 +309,9 @@ def main() -> None:
         concurrent_objects(
             SUPERNODE, "pull_objects", "push_object_contents_from_iterable", count=count
         )
+    args.carry = switch("FEDHET_CARRIED_OBJECTS") and flower_gate.use("carried-objects")
+    if args.carry:  # after the object concurrency: it wraps the pulls that has
+        carried_node_objects()
     templates = json.loads(Path(args.templates).read_text())
     stats, path = Stats(), Path(args.stats)
     count_connections(stats)

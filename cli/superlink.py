@@ -46,6 +46,15 @@ the code it was checked against:
   ``HEARTBEAT_PATIENCE`` (2) x ``I`` from its arrival and from its answer, as for
   Flower's own heartbeat, and the node sends none of those while it polls (a held
   poll keeps it on the line with the SuperLink most of the time anyway).
+* ``superlink-carried-objects`` (:class:`CarriedObjects`, :func:`carried_objects`): a
+  message's objects move in the request or answer that moves the message
+  (:mod:`common.carry`): a poll of a node or of the ServerApp that asks has its
+  messages' objects appended to the answer, each read by Flower's own ``pull_object``
+  handler (up to ``FEDHET_CARRY_MB`` an answer); a node's push that carries its
+  reply's objects has each one the SuperLink asks for stored by Flower's own
+  ``push_object`` handler, and the answer asks for none of those. Flower moves each
+  object in a request of its own: about 11 of 21 requests per node-round at a
+  thousand nodes.
 
 The SQLite state (``--database FILE``) finds a node's messages with one query and is
 left as Flower has it.
@@ -54,6 +63,7 @@ left as Flower has it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import os
 import sys
@@ -64,6 +74,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from cli.supernode import number
+from common import carry
 from common import flower_gate as gate
 
 MIDDLEWARE = "flwr.superlink.main"
@@ -84,6 +95,12 @@ HOLD_S = 45.0
 grows by as much), below the 60 s a reverse proxy commonly allows an answer."""
 HOLD_MAX_S = 120.0
 PULL_PATH = "/v1/fleet/pull-messages"
+PUSH_PATH = "/v1/fleet/push-messages"
+RUNTIME_PULL_PATH = "/v1/runtime/pull-messages"
+RUNTIME_PUSH_PATH = "/v1/runtime/push-messages"
+FLEET_HANDLERS = "flwr.superlink.servicer.fleet.fleet_handlers"
+RUNTIME_HANDLERS = "flwr.superlink.servicer.runtime.runtime_handlers"
+MESSAGE_PB = "flwr.proto.message_pb2"
 FLEET_PB = "flwr.proto.fleet_pb2"
 CONSTANT = "flwr.common.constant"
 RECHECK_S = (0.2, 2.0)
@@ -518,6 +535,321 @@ def held_pulls(hold_s: float = HOLD_S) -> None:
     )
 
 
+class Box:
+    """What one request carries in (a push's objects) and out (a poll's)."""
+
+    def __init__(self, budget: int = 0, incoming: dict[str, bytes] | None = None) -> None:
+        self.left = budget
+        self.out: list[tuple[str, bytes]] = []
+        self.incoming = incoming or {}
+
+    def add(self, object_id: str, content: bytes) -> bool:
+        """``content`` carried out, if it fits what is left of the budget."""
+        if len(content) > self.left:
+            self.left = 0
+            return False
+        self.left -= len(content)
+        self.out.append((object_id, content))
+        return True
+
+
+BOX: contextvars.ContextVar[Box | None] = contextvars.ContextVar("fedhet_carry", default=None)
+"""The request's :class:`Box`, set by :class:`CarriedObjects` (the handlers run in a
+copy of the request's context: the same box)."""
+
+
+class CarriedObjects:
+    """An ASGI middleware: a poll (Fleet or Runtime) that asks (:data:`carry.ASK`) has
+    its messages' objects, which the wrapped handler put in the request's
+    :class:`Box`, framed after the answer's protobuf (:func:`carry.frame`); a Fleet
+    push that carries objects (:data:`carry.CARRIED`) reaches Flower's stack as its
+    protobuf alone, its objects in the box. Every answer names :data:`carry.OFFER`."""
+
+    def __init__(self, app: ASGIApp, budget: int) -> None:
+        self.app = app
+        self.budget = budget
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path")
+        offer = (carry.OFFER.encode(), b"1")
+        if path in (PULL_PATH, RUNTIME_PULL_PATH) and header(scope, carry.ASK.encode()) == b"1":
+            await self._pull(scope, receive, send, offer)
+            return
+        length = header(scope, carry.CARRIED.encode())
+        if path in (PUSH_PATH, RUNTIME_PUSH_PATH) and length is not None:
+            await self._push(scope, receive, send, length, offer)
+            return
+
+        async def offering(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                message = with_headers(message, (offer,))
+            await send(message)
+
+        await self.app(scope, receive, offering)
+
+    async def _pull(self, scope: dict, receive: Any, send: Any, offer: tuple) -> None:
+        box = Box(self.budget)
+        start: dict = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: dict) -> None:
+            nonlocal start
+            if message.get("type") == "http.response.start":
+                start = message
+                return
+            if message.get("type") != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            proto = b"".join(chunks)
+            headers: tuple = (offer,)
+            body = proto
+            if start.get("status") == 200 and box.out:
+                body = carry.frame(proto, box.out)
+                headers = (offer, (carry.CARRIED.encode(), b"%d" % len(proto)))
+            kept = [h for h in start.get("headers", ()) if h[0].lower() != b"content-length"]
+            await send(
+                with_headers(
+                    {**start, "headers": kept}, (*headers, (b"content-length", b"%d" % len(body)))
+                )
+            )
+            await send({"type": "http.response.body", "body": body})
+
+        token = BOX.set(box)
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            BOX.reset(token)
+
+    async def _push(
+        self, scope: dict, receive: Any, send: Any, length: bytes, offer: tuple
+    ) -> None:
+        body = await read_body(receive)
+        try:
+            proto, objects = carry.unframe(body, int(length))
+        except ValueError as exc:
+            text = f'{{"detail": "{exc}"}}'.encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"%d" % len(text)),
+                        offer,
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": text})
+            return
+        skip = (b"content-length", carry.CARRIED.encode())
+        headers = [h for h in scope.get("headers", ()) if h[0].lower() not in skip]
+        inner = {**scope, "headers": [*headers, (b"content-length", b"%d" % len(proto))]}
+        given = False
+
+        async def replay() -> dict:
+            nonlocal given
+            if given:
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": proto, "more_body": False}
+
+        async def offering(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                message = with_headers(message, (offer,))
+            await send(message)
+
+        token = BOX.set(Box(incoming=objects))
+        try:
+            await self.app(inner, replay, offering)
+        finally:
+            BOX.reset(token)
+
+
+def fleet_pulls_carrying(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Fleet ``pull_messages`` that puts each object of the messages it
+    answers with in the request's :class:`Box` (read by Flower's ``pull_object``)."""
+    handlers = importlib.import_module(FLEET_HANDLERS)
+    message_pb = importlib.import_module(MESSAGE_PB)
+    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
+
+    def pull_messages(request: Any, state: Any, store: Any) -> Any:
+        response = flowers(request=request, state=state, store=store)
+        box = BOX.get()
+        if box is None:
+            return response
+        for message, tree in zip(
+            response.messages_list, response.message_object_trees, strict=False
+        ):
+            for node in iterate(tree):
+                got = handlers.pull_object(
+                    message_pb.PullObjectRequest(
+                        node=request.node,
+                        run_id=message.metadata.run_id,
+                        object_id=node.object_id,
+                    ),
+                    state,
+                )
+                if got.object_available and not box.add(node.object_id, got.object_content):
+                    return response
+        return response
+
+    pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return pull_messages
+
+
+def runtime_pulls_carrying(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Runtime ``pull_messages`` (the ServerApp's pull of replies) that puts
+    each object of the replies it answers with in the request's :class:`Box` (read
+    by Flower's Runtime ``pull_object``, as the ServerApp's own request would)."""
+    handlers = importlib.import_module(RUNTIME_HANDLERS)
+    message_pb = importlib.import_module(MESSAGE_PB)
+    node_pb = importlib.import_module("flwr.proto.node_pb2")
+    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
+    superlink = importlib.import_module(CONSTANT).SUPERLINK_NODE_ID
+
+    def pull_messages(request: Any, state: Any, task: Any) -> Any:
+        response = flowers(request, state, task)
+        box = BOX.get()
+        if box is None:
+            return response
+        for tree in response.message_object_trees:
+            for node in iterate(tree):
+                got = handlers.pull_object(
+                    message_pb.PullObjectRequest(
+                        node=node_pb.Node(node_id=superlink),
+                        run_id=task.run_id,
+                        object_id=node.object_id,
+                    ),
+                    state,
+                    task,
+                )
+                if got.object_available and not box.add(node.object_id, got.object_content):
+                    return response
+        return response
+
+    pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return pull_messages
+
+
+def fleet_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Fleet ``push_messages`` that stores each object the answer asks for
+    and the request carried (in its :class:`Box`) with Flower's ``push_object``, and
+    asks for the rest only."""
+    handlers = importlib.import_module(FLEET_HANDLERS)
+    message_pb = importlib.import_module(MESSAGE_PB)
+
+    def push_messages(request: Any, state: Any) -> Any:
+        response = flowers(request=request, state=state)
+        box = BOX.get()
+        if box is None or not box.incoming or not request.messages_list:
+            return response
+        run_id = request.messages_list[0].metadata.run_id
+
+        def store(object_id: str, content: bytes) -> bool:
+            return bool(
+                handlers.push_object(
+                    message_pb.PushObjectRequest(
+                        node=request.node,
+                        run_id=run_id,
+                        object_id=object_id,
+                        object_content=content,
+                        session_id=response.session_id,
+                    ),
+                    state,
+                ).stored
+            )
+
+        stored_carried(response, box, store)
+        return response
+
+    push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return push_messages
+
+
+def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Runtime ``push_messages`` (the ServerApp's push of instructions) that
+    stores each object the answer asks for and the request carried with Flower's
+    Runtime ``push_object``, and asks for the rest only."""
+    handlers = importlib.import_module(RUNTIME_HANDLERS)
+    message_pb = importlib.import_module(MESSAGE_PB)
+    node_pb = importlib.import_module("flwr.proto.node_pb2")
+    superlink = importlib.import_module(CONSTANT).SUPERLINK_NODE_ID
+
+    def push_messages(request: Any, state: Any, task: Any) -> Any:
+        response = flowers(request, state, task)
+        box = BOX.get()
+        if box is None or not box.incoming:
+            return response
+
+        def store(object_id: str, content: bytes) -> bool:
+            return bool(
+                handlers.push_object(
+                    message_pb.PushObjectRequest(
+                        node=node_pb.Node(node_id=superlink),
+                        run_id=task.run_id,
+                        object_id=object_id,
+                        object_content=content,
+                        session_id=response.session_id,
+                    ),
+                    state,
+                    task,
+                ).stored
+            )
+
+        stored_carried(response, box, store)
+        return response
+
+    push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return push_messages
+
+
+def stored_carried(response: Any, box: Box, store: Callable[[str, bytes], bool]) -> None:
+    """Each object ``response`` asks for that the request carried, stored; the
+    answer asks for the others only."""
+    wanted = []
+    for object_id in response.objects_to_push:
+        content = box.incoming.get(object_id)
+        stored = False
+        if content is not None:
+            try:
+                stored = store(object_id, content)
+            except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
+                stored = False
+        if not stored:
+            wanted.append(object_id)
+    del response.objects_to_push[:]
+    response.objects_to_push.extend(wanted)
+
+
+def carried_objects(budget: int) -> None:
+    """Part ``superlink-carried-objects``: :class:`CarriedObjects` in front of
+    Flower's stack, Flower's poll and push handlers wrapped to fill and empty its
+    box."""
+    from starlette.middleware import Middleware
+
+    fleet = importlib.import_module(FLEET_HANDLERS)
+    runtime = importlib.import_module(RUNTIME_HANDLERS)
+    gate.replace(
+        fleet, "pull_messages", fleet_pulls_carrying(gate.original(fleet, "pull_messages"))
+    )
+    gate.replace(
+        fleet, "push_messages", fleet_pushes_carried(gate.original(fleet, "push_messages"))
+    )
+    gate.replace(
+        runtime, "pull_messages", runtime_pulls_carrying(gate.original(runtime, "pull_messages"))
+    )
+    gate.replace(
+        runtime, "push_messages", runtime_pushes_carried(gate.original(runtime, "push_messages"))
+    )
+    in_front([Middleware(CarriedObjects, budget)])
+
+
 def in_front(middleware: list[Any]) -> None:
     """The SuperLink app built with ``middleware`` outside the stack it has now
     (Flower's, or one a part changed already)."""
@@ -623,7 +955,8 @@ def keep_alive(seconds: int) -> None:
 def run_superlink(argv: list[str]) -> None:
     """Apply the parts that fit, then Flower's ``flower-superlink`` with ``argv``."""
     gate.use("superlink-entry")
-    seconds, hold = keep_alive_s(), hold_s()  # a bad value stops here, before anything starts
+    # a bad value stops here, before anything starts
+    seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()
     if gate.use("superlink-node-index"):
@@ -632,6 +965,8 @@ def run_superlink(argv: list[str]) -> None:
         keep_alive(seconds)
     if hold > 0 and gate.use("superlink-node-index") and gate.use("superlink-held-pulls"):
         held_pulls(hold)
+    if budget > 0 and gate.use("superlink-carried-objects"):
+        carried_objects(budget)
     sys.argv = ["flower-superlink", *argv]
     importlib.import_module("flwr.superlink.cli").flower_superlink()
 

@@ -50,6 +50,7 @@ from cli.pacing import (
     idle_poll_s,
     informed_interval,
 )
+from common import carry
 from common.flower_gate import replace
 from common.flower_runtime import (
     concurrent_objects,
@@ -861,8 +862,11 @@ class RunWatch:
         reply_grace_s: float = REPLY_GRACE_S,
         start_bound_s: float | None = None,
         load: ServerLoad | None = None,
+        carry: bool = False,
     ) -> None:
         self._pull, self._push = pull, push
+        self.carry = carry
+        """A reply's push carries its objects (:func:`common.carry.carrying_send`)."""
         self.load = load
         """The SuperLink's load as this node sees it: a message object that is not
         there yet is asked for again later the busier it is (:class:`PatientPulls`;
@@ -1029,6 +1033,8 @@ class RunWatch:
         bound.arguments["state"] = self.inbox.for_push(state, replies)
         if "send" in bound.arguments:  # a reply the SuperLink failed to store goes again
             send = bound.arguments["send"]
+            if self.carry:
+                send = carry.carrying_send(send, bound.arguments["object_store"])
             bound.arguments["send"] = lambda *a, **k: receive_again(lambda: send(*a, **k))
         self._push(*bound.args, **bound.kwargs)
 
@@ -1184,6 +1190,9 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             replace(module, "pull_objects", pull)
             replace(module, "push_object_contents_from_iterable", push)
             paced.before_idle = warm_before_idle(warm)
+    carrying = switch("FEDHET_CARRIED_OBJECTS") and gate.use("carried-objects")
+    if carrying:
+        carried_node_objects()
     held: HeldTasks | None = None
     handlers = importlib.import_module(RUNTIME_HANDLERS)
     watching = gate.use("run-watch")  # held requests are woken by the watch's rings
@@ -1208,6 +1217,7 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             on_waiting=warm_while_working(warm) if warm is not None else None,
             inbox=Inbox(gate.fact("run-watch", "inbox")),
             load=LOAD if aware else None,
+            carry=carrying,
         )
         replace(module, "_pull_and_store_message", watch.pull)
         replace(module, "_push_messages", watch.push)
@@ -1484,6 +1494,30 @@ def on_fleet_client(made: Callable[[Any, str], None]) -> None:
             made(self._client, self._base_url)
 
     replace(module, "FleetHttpClient", Noted)
+
+
+def carried_node_objects() -> None:
+    """Part ``carried-objects`` on a node: every Fleet API client made from now on
+    asks for its messages' objects in its polls' answers and carries its replies'
+    objects in their pushes (:mod:`common.carry`; a SuperLink that does not offer it
+    gets Flower's requests), and the node's object pulls take those first."""
+    on_fleet_client(lambda client, _url: carry.attach(client, (PULL_PATH,), (PUSH_PATH,)))
+    carried_pulls(SUPERNODE_LOOP)
+
+
+def carried_pulls(module_name: str) -> None:
+    """``module_name.pull_objects`` takes what the thread's last answer carried first
+    (:func:`common.carry.pulls`; once)."""
+    module = importlib.import_module(module_name)
+    current = flower_internal(module_name, "pull_objects")
+    if getattr(current, "__wrapped__", None) is None or not getattr(current, "carried", False):
+        pulls = carry.pulls(current)
+        pulls.carried = True  # type: ignore[attr-defined]
+        replace(module, "pull_objects", pulls)
+
+
+SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
+PUSH_PATH = "/v1/fleet/push-messages"
 
 
 def switch(name: str, default: bool = True) -> bool:

@@ -337,6 +337,57 @@ PARTS: tuple[Part, ...] = (
         "Flower's object concurrency and backoff",
         "serverapp",
     ),
+    Part(
+        "superlink-carried-objects",
+        "a message's objects move in the request or answer that moves the message: a "
+        "poll (node or ServerApp) that asks gets them appended to its answer, a node's "
+        "push may carry them, each read or stored by Flower's own object handlers "
+        "(Flower: a request per object)",
+        (
+            "flwr.superlink.main:_get_middleware",
+            "flwr.superlink.routers.fleet.router:fleet_pull_messages",
+            "flwr.superlink.routers.fleet.router:fleet_push_messages",
+            "flwr.supercore.routers.runtime.router:pull_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:push_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_object",
+            "flwr.superlink.servicer.fleet.fleet_handlers:push_object",
+            "flwr.superlink.servicer.runtime.runtime_handlers:pull_messages",
+            "flwr.superlink.servicer.runtime.runtime_handlers:pull_object",
+            "flwr.superlink.servicer.runtime.runtime_handlers:push_messages",
+            "flwr.superlink.servicer.runtime.runtime_handlers:push_object",
+            "flwr.supercore.routers.runtime.router:push_messages",
+            "flwr.supercore.inflatable.inflatable_object:iterate_object_tree",
+            "flwr.proto.message_pb2:PullObjectRequest",
+            "flwr.proto.message_pb2:PushObjectRequest",
+            "flwr.common.constant:SUPERLINK_NODE_ID",
+        ),
+        "a request per object",
+        "superlink",
+    ),
+    Part(
+        "carried-objects",
+        "a node's polls ask for their message's objects in the answer and its pushes "
+        "carry the reply's; the ServerApp's reply pulls ask for theirs (when the "
+        "SuperLink offers it; Flower: a request per object)",
+        (
+            f"{SUPERNODE}:pull_objects",
+            f"{SUPERNODE}:_pull_and_store_message",
+            f"{SUPERNODE}:_push_messages",
+            "flwr.supernode.fleet_http_connection:FleetHttpClient",
+            "flwr.supernode.fleet_http_client:FleetHttpClient.PullMessages",
+            "flwr.supernode.fleet_http_client:FleetHttpClient.PushMessages",
+            "flwr.supercore.protobuf.client:ProtobufClient._unary_unary",
+            "flwr.supercore.protobuf.client:ProtobufClient._send",
+            "flwr.superlink.grid.http_grid:HttpGrid.pull_messages",
+            "flwr.superlink.grid.http_grid:pull_objects",
+            "flwr.superlink.grid.http_grid:HttpGrid._try_push_messages",
+            "flwr.superlink.grid.http_grid:get_all_nested_objects",
+            "flwr.supercore.inflatable.inflatable_object:iterate_object_tree",
+        ),
+        "a request per object",
+        "supernode, serverapp",
+    ),
 )
 """Every change, in the order a deployment applies them."""
 

@@ -36,12 +36,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from common import flower_gate
+from common import carry, flower_gate
 from common.flower_runtime import concurrent_objects, fast_object_pulls, object_concurrency
 from common.packing import PackingError, is_packed, pack, unpack
 
 REPLY_POLLS = ("informed", "fixed", "flower")
 HTTP_GRID = "flwr.superlink.grid.http_grid"
+RUNTIME_PULL_PATH = "/v1/runtime/pull-messages"
+RUNTIME_PUSH_PATH = "/v1/runtime/push-messages"
 LEAD = 0.8
 """Fast polls start at this share of the phase's expected time to its last reply."""
 GROWTH = 0.05
@@ -104,6 +106,24 @@ class PollingGrid(Grid):
             concurrent_objects(HTTP_GRID, "pull_objects", "push_objects", count=count)
         self.deadline: float | None = None
         """When the phase in progress gives up (``round-timeout``; monotonic seconds)."""
+        self.carrying = False
+        """Pushes carry their messages' objects (part ``carried-objects``)."""
+        client = getattr(getattr(grid, "_runtime_client", None), "_client", None)
+        if client is not None and flower_gate.use("carried-objects"):
+            # replies' objects in the poll's answer, messages' objects in their push
+            carry.attach(client, (RUNTIME_PULL_PATH,), (RUNTIME_PUSH_PATH,))
+            self.carrying = True
+            module = importlib.import_module(HTTP_GRID)
+            if not getattr(module.get_all_nested_objects, "carried", False):
+                flower_gate.replace(
+                    module, "get_all_nested_objects", carry.gathering(module.get_all_nested_objects)
+                )
+            pulls = module.pull_objects
+            base = pulls.pulls if isinstance(pulls, PhaseBoundPulls) else pulls
+            if not getattr(base, "carried", False):
+                base = carry.pulls(base)
+                base.carried = True  # type: ignore[attr-defined]
+                flower_gate.replace(module, "pull_objects", base)
         if count is not None or self.mode != "flower":
             module = importlib.import_module(HTTP_GRID)
             if hasattr(module, "pull_objects"):
@@ -126,14 +146,24 @@ class PollingGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         if not self.pack:
-            return self._grid.push_messages(messages)
+            return self._pushed(messages)
         messages = list(messages)
         for message in messages:
             if message.has_content() and not is_packed(message.content):
                 message.content = pack(message.content)
-        ids = list(self._grid.push_messages(messages))
+        ids = list(self._pushed(messages))
         self._sent.update((i, m) for i, m in zip(ids, messages, strict=False) if i)
         return ids
+
+    def _pushed(self, messages: Iterable[Message]) -> Iterable[str]:
+        """The wrapped grid's push, its messages' objects carried in its request."""
+        if not self.carrying:
+            return self._grid.push_messages(messages)
+        carry.LOCAL.outgoing = {}  # filled as Flower's grid gathers the objects
+        try:
+            return self._grid.push_messages(messages)
+        finally:
+            carry.LOCAL.outgoing = None
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = list(self._grid.pull_messages(message_ids))

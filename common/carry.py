@@ -1,0 +1,213 @@
+"""A message's objects carried in the request or answer that moves the message.
+
+Flower 1.42 moves every object of a message in an HTTP request of its own: a node
+polls (``pull-messages``), then asks for each of the message's objects
+(``pull-object``); it pushes a reply (``push-messages``), then each of its objects
+(``push-object``); the ServerApp pulls replies (``runtime/pull-messages``), then each
+of their objects. With three objects a message that was about 11 of the 21
+SuperLink requests per node-round at a thousand nodes (docs/deployment.md).
+
+``fedhet superlink`` offers to carry them (its answers name :data:`OFFER`):
+
+* a poll that asks (:data:`ASK`) gets its messages' objects appended to the answer,
+  each read by Flower's own ``pull_object`` handler, up to :func:`budget` bytes an
+  answer (the rest is pulled as before);
+* a push whose body carries its message's objects (:data:`CARRIED`) has each object
+  the SuperLink asks for stored by Flower's own ``push_object`` handler, and the
+  answer asks for none of those.
+
+The body is the request's or answer's protobuf (its length in :data:`CARRIED`)
+followed by frames ``>HQ`` (id length, content length), id, content. A client keeps
+what an answer carried for its thread (:data:`LOCAL`) and :func:`pulls` takes an
+object from there before asking the SuperLink; a carried object whose content does
+not hash to its id is dropped (pulled as before). A SuperLink that offers nothing
+(Flower's own) gets Flower's requests unchanged.
+
+Standard library only; Flower is imported on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+OFFER = "x-fedhet-carries"
+"""Every answer of a SuperLink that carries objects names it (value ``1``)."""
+ASK = "x-fedhet-carry"
+"""A poll whose answer may carry its messages' objects (value ``1``)."""
+CARRIED = "x-fedhet-carried"
+"""The length of the protobuf at the start of a body that carries objects."""
+FRAME = struct.Struct(">HQ")
+BUDGET_MB = 64.0
+"""Bytes of objects one answer carries at most (``FEDHET_CARRY_MB``): a ServerApp's
+pull of a thousand replies of a large model must not become one answer of gigabytes."""
+
+
+class CarryError(ValueError):
+    """A body that claims to carry objects and does not parse."""
+
+
+def budget() -> int:
+    """Bytes one answer carries at most (``FEDHET_CARRY_MB``; 0: carry nothing)."""
+    text = os.environ.get("FEDHET_CARRY_MB", "").strip()
+    try:
+        value = float(text) if text else BUDGET_MB
+    except ValueError:
+        raise SystemExit(f"FEDHET_CARRY_MB={text!r}: a number of megabytes (0: off)") from None
+    if not 0 <= value < float("inf"):
+        raise SystemExit(f"FEDHET_CARRY_MB={text!r}: a number of megabytes (0: off)")
+    return int(value * 2**20)
+
+
+def frame(proto: bytes, objects: Iterable[tuple[str, bytes]]) -> bytes:
+    """``proto`` followed by each ``(object id, content)`` framed."""
+    parts = [proto]
+    for object_id, content in objects:
+        key = object_id.encode("ascii")
+        parts += [FRAME.pack(len(key), len(content)), key, content]
+    return b"".join(parts)
+
+
+def unframe(body: bytes, proto_length: int) -> tuple[bytes, dict[str, bytes]]:
+    """The protobuf at the start of ``body`` and the objects framed after it."""
+    if not 0 <= proto_length <= len(body):
+        raise CarryError(f"carried body: protobuf length {proto_length} of {len(body)} bytes")
+    view, pos, objects = memoryview(body), proto_length, {}
+    while pos < len(body):
+        if pos + FRAME.size > len(body):
+            raise CarryError(f"carried body: a frame cut short at byte {pos}")
+        key_length, length = FRAME.unpack_from(body, pos)
+        start = pos + FRAME.size + key_length
+        end = start + length
+        if end > len(body):
+            raise CarryError(f"carried body: an object cut short at byte {pos}")
+        try:
+            object_id = bytes(view[pos + FRAME.size : start]).decode("ascii")
+        except UnicodeDecodeError:
+            raise CarryError(
+                f"carried body: an object id that is not ASCII at byte {pos}"
+            ) from None
+        objects[object_id] = bytes(view[start:end])
+        pos = end
+    return body[:proto_length], objects
+
+
+def sound(object_id: str, content: bytes) -> bool:
+    """``content`` hashes to ``object_id`` (Flower's object ids are SHA-256 hex)."""
+    return hashlib.sha256(content).hexdigest() == object_id
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.received: dict[str, bytes] = {}
+        """What the last poll's answer on this thread carried."""
+        self.outgoing: list[tuple[str, bytes]] | dict[str, Any] | None = None
+        """What this thread's next push carries: ``(id, content)`` pairs, or Flower's
+        objects by id (deflated as the push is sent)."""
+
+
+LOCAL = _Local()
+
+
+def attach(client: Any, pulls: tuple[str, ...], pushes: tuple[str, ...]) -> None:
+    """``client`` (an ``httpx.Client``) asks for carried objects on the paths in
+    ``pulls`` and carries :attr:`_Local.outgoing` on the paths in ``pushes``, once
+    the server's answers name :data:`OFFER`."""
+    offered = [False]
+    send = client.send
+
+    def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
+        path = request.url.path
+        if path in pulls:
+            LOCAL.received = {}
+            if offered[0]:
+                request.headers[ASK] = "1"
+        elif path in pushes:
+            outgoing, LOCAL.outgoing = LOCAL.outgoing, None
+            if offered[0] and outgoing:
+                request = _carrying(client, request, outgoing)
+        response = send(request, *args, **kwargs)
+        offered[0] = response.headers.get(OFFER) == "1"
+        length = response.headers.get(CARRIED)
+        if length is not None and response.is_success and path in pulls:
+            proto, objects = unframe(response.content, int(length))
+            response._content = proto  # what Flower's client parses
+            LOCAL.received.update((k, v) for k, v in objects.items() if sound(k, v))
+        return response
+
+    client.send = sending
+
+
+def _carrying(client: Any, request: Any, objects: Any) -> Any:
+    """``request`` with ``objects`` framed after its protobuf body."""
+    if isinstance(objects, dict):
+        objects = [(k, v.deflate()) for k, v in objects.items()]
+    proto = request.content
+    headers = dict(request.headers)
+    headers.pop("content-length", None)
+    headers[CARRIED] = str(len(proto))
+    made = client.build_request(
+        request.method, request.url, content=frame(proto, objects), headers=headers
+    )
+    made.extensions = request.extensions
+    return made
+
+
+def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[str, bytes]]:
+    """Flower's ``pull_objects(object_ids, pull_object_fn, ...)`` that takes what this
+    thread's last answer carried and asks the SuperLink only for the rest."""
+
+    def pull(
+        object_ids: list[str], pull_object_fn: Any, *args: Any, **kwargs: Any
+    ) -> dict[str, bytes]:
+        received = LOCAL.received
+        have = {i: received[i] for i in object_ids if i in received}
+        rest = [i for i in object_ids if i not in have]
+        if rest:
+            have.update(pull_objects(rest, pull_object_fn, *args, **kwargs))
+        return have
+
+    pull.__wrapped__ = pull_objects  # type: ignore[attr-defined]
+    return pull
+
+
+def carrying_send(send: Callable[..., Any], store: Any) -> Callable[..., Any]:
+    """A node's ``send(message, object_tree, runtime)`` whose push carries every
+    object of the message's tree that the node's ``store`` holds."""
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+
+    def sending(message: Any, tree: Any, *args: Any, **kwargs: Any) -> Any:
+        objects = []
+        for node in iterate_object_tree(tree):
+            content = store.get(node.object_id)
+            if content:
+                objects.append((node.object_id, bytes(content)))
+        LOCAL.outgoing = objects
+        try:
+            return send(message, tree, *args, **kwargs)
+        finally:
+            LOCAL.outgoing = None
+
+    return sending
+
+
+def gathering(nested: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+    """Flower's ``get_all_nested_objects`` that also adds what it finds to this
+    thread's :attr:`_Local.outgoing` while that is a dict (the ServerApp's push of
+    messages: :meth:`server_app.grid.PollingGrid.push_messages` opens it)."""
+
+    def gather(obj: Any) -> dict[str, Any]:
+        found = nested(obj)
+        out = LOCAL.outgoing
+        if isinstance(out, dict):
+            for key, value in found.items():
+                out.setdefault(key, value)
+        return found
+
+    gather.__wrapped__ = nested  # type: ignore[attr-defined]
+    gather.carried = True  # type: ignore[attr-defined]
+    return gather
