@@ -1,0 +1,255 @@
+"""Carried objects (common/carry.py; fedhet superlink part superlink-carried-objects):
+a message's objects move in the poll's answer and in the push's request."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from cli import superlink as sl
+from common import carry
+
+
+def oid(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def test_a_framed_body_gives_back_its_protobuf_and_objects() -> None:
+    objects = [(oid(b"a"), b"a"), (oid(b""), b""), (oid(b"x" * 300), b"x" * 300)]
+    body = carry.frame(b"PROTO", objects)
+    # 5 protobuf bytes, then per object 2 + 8 header bytes, a 64-char id, the content
+    assert len(body) == 5 + 3 * (10 + 64) + 1 + 0 + 300
+    proto, got = carry.unframe(body, 5)
+    assert proto == b"PROTO" and got == dict(objects)
+    assert carry.unframe(b"PROTO", 5) == (b"PROTO", {})
+
+
+@pytest.mark.parametrize(
+    ("cut", "length", "says"),
+    [
+        (-1, 5, "an object cut short"),
+        (5 + 4, 5, "a frame cut short"),
+        (None, 99, "protobuf length"),
+    ],
+)
+def test_a_body_that_does_not_parse_is_refused_saying_where(
+    cut: int | None, length: int, says: str
+) -> None:
+    body = carry.frame(b"PROTO", [(oid(b"abc"), b"abc")])
+    with pytest.raises(carry.CarryError, match=says):
+        carry.unframe(body[:cut] if cut is not None else body, length)
+
+
+def test_pulls_take_the_carried_objects_and_ask_only_for_the_rest() -> None:
+    asked: list[list[str]] = []
+
+    def flowers(object_ids: list[str], pull_object_fn: Any, **kwargs: Any) -> dict[str, bytes]:
+        asked.append(list(object_ids))
+        return {i: pull_object_fn(i) for i in object_ids}
+
+    carry.LOCAL.received = {"a": b"A", "b": b"B"}
+    try:
+        got = carry.pulls(flowers)(["a", "c", "b"], lambda i: i.upper().encode(), max_time=3)
+        assert got == {"a": b"A", "b": b"B", "c": b"C"} and asked == [["c"]]
+        asked.clear()
+        assert carry.pulls(flowers)(object_ids=["b"], pull_object_fn=None) == {"b": b"B"}
+        assert asked == []  # nothing left to ask for
+    finally:
+        carry.LOCAL.received = {}
+
+
+def _client(answer: Any) -> tuple[httpx.Client, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        request.read()
+        seen.append(request)
+        return answer(request)
+
+    client = httpx.Client(transport=httpx.MockTransport(handle), base_url="http://sl")
+    carry.attach(client, ("/pull",), ("/push",))
+    return client, seen
+
+
+def test_a_client_asks_and_carries_only_once_offered_and_keeps_sound_objects() -> None:
+    good, bad = b"content", b"tampered"
+    offered = [False]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {carry.OFFER: "1"} if offered[0] else {}
+        if request.url.path == "/pull" and request.headers.get(carry.ASK) == "1":
+            body = carry.frame(b"PB", [(oid(good), good), (oid(b"other"), bad)])
+            return httpx.Response(200, content=body, headers={**headers, carry.CARRIED: "2"})
+        return httpx.Response(200, content=b"PB", headers=headers)
+
+    client, seen = _client(answer)
+    carry.LOCAL.outgoing = [(oid(good), good)]
+    assert client.post("/push", content=b"REQ").content == b"PB"
+    assert carry.CARRIED not in seen[-1].headers and seen[-1].content == b"REQ"  # not offered
+    assert carry.LOCAL.outgoing is None  # one push takes it, carried or not
+    offered[0] = True
+    client.post("/pull", content=b"REQ")
+    assert carry.ASK not in seen[-1].headers  # the offer came with that answer
+    response = client.post("/pull", content=b"REQ")
+    assert seen[-1].headers[carry.ASK] == "1"
+    assert response.content == b"PB"  # what Flower's client parses
+    assert carry.LOCAL.received == {oid(good): good}  # the tampered one dropped
+    carry.LOCAL.outgoing = [(oid(good), good)]
+    client.post("/push", content=b"REQ")
+    sent = seen[-1]
+    assert carry.unframe(sent.content, int(sent.headers[carry.CARRIED])) == (
+        b"REQ",
+        {oid(good): good},
+    )
+    client.post("/pull", content=b"REQ")
+    carry.LOCAL.received = {}
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.fixture()
+def superlink(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
+    """Flower's SuperLink app (in-memory state) on uvicorn, with part
+    superlink-carried-objects when the test's parameter says so; yields its port and
+    state. What the parts replace is put back after the test."""
+    import flwr.superlink.main as main
+    import uvicorn
+    from flwr.superlink.servicer.fleet import fleet_handlers
+    from flwr.superlink.servicer.runtime import runtime_handlers
+    from flwr.supernode import fleet_http_connection as conn
+
+    from cli.launch import free_port
+    from common import flower_gate as gate
+
+    monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
+    monkeypatch.setattr(conn, "FleetHttpClient", conn.FleetHttpClient)
+    for module in (main, conn, fleet_handlers, runtime_handlers):
+        monkeypatch.setitem(
+            module.__dict__, gate.ORIGINALS, dict(getattr(module, gate.ORIGINALS, {}))
+        )
+    for name in ("pull_messages", "push_messages"):
+        monkeypatch.setattr(fleet_handlers, name, getattr(fleet_handlers, name))
+        monkeypatch.setattr(runtime_handlers, name, getattr(runtime_handlers, name))
+    if request.param:
+        sl.carried_objects(carry.budget())
+    app = main.create_app()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and serving.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield port, app.state.linkstate_factory.state(), request.param
+    finally:
+        server.should_exit = True
+        serving.join(timeout=10)
+
+
+@pytest.mark.parametrize("superlink", [True, False], indirect=True, ids=["fedhet", "flower"])
+def test_a_node_gets_and_sends_a_message_whole_in_one_request_each(
+    superlink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flower's own node connection (``http_request_response``) with part
+    carried-objects: from ``fedhet superlink`` its poll's answer carries the message's
+    objects and its push carries the reply's (no object request either way, every
+    object where it belongs); from Flower's own SuperLink the same node asks for each
+    object as Flower does, with the same result."""
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        iterate_object_tree,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import (
+        inflate_object_from_contents,
+        pull_objects,
+        push_object_contents_from_iterable,
+    )
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode import fleet_http_connection as conn
+
+    port, state, carrying = superlink
+    paths: list[str] = []
+    conn_client = conn.FleetHttpClient
+
+    class Counted(conn_client):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            carry.attach(self._client, ("/v1/fleet/pull-messages",), ("/v1/fleet/push-messages",))
+            hooks = self._client.event_hooks
+            hooks["request"] = [*hooks["request"], lambda r: paths.append(r.url.path)]
+            self._client.event_hooks = hooks
+
+    monkeypatch.setattr(conn, "FleetHttpClient", Counted)
+    from flwr.superlink.servicer.fleet import fleet_handlers
+
+    monkeypatch.setattr(fleet_handlers, "check_abort", lambda *a, **k: None)  # a running run
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None, "serverapp")
+    weights = np.arange(12, dtype=np.float32).reshape(3, 4)
+    done = False
+    with conn.http_request_response(f"127.0.0.1:{port}", insecure=True) as (
+        node_id,
+        receive,
+        send,
+        _get_run,
+        _get_fab,
+        pull_object,
+        push_object,
+        _confirm,
+    ):
+        content = RecordDict({"w": ArrayRecord([weights]), "c": ConfigRecord({"lr": 0.1})})
+        saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+        TaskIdentity.task_id, TaskIdentity.run_id = 1, run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        try:  # as the ServerApp's task makes and stores it
+            sent = Message(content, dst_node_id=node_id, message_type="train", ttl=600)
+            sent.metadata.__dict__["_message_id"] = sent.object_id
+            assert state.store_message_ins(sent)
+        finally:
+            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+        store = state.object_store
+        store.preregister(run_id, get_object_tree(sent))
+        for object_id, obj in get_all_nested_objects(sent).items():
+            store.put(object_id, obj.deflate())
+
+        message, tree = receive()
+        ids = [t.object_id for t in iterate_object_tree(tree)]
+        contents = carry.pulls(pull_objects)(ids, lambda i: pull_object(run_id, i))
+        got = inflate_object_from_contents(message.metadata.message_id, contents)
+        assert np.array_equal(got.content["w"].to_numpy_ndarrays()[0], weights)
+        got.metadata.__dict__["_message_id"] = message.metadata.message_id  # as a node does
+
+        reply = Message(RecordDict({"w": ArrayRecord([weights * 2])}), reply_to=got)
+        reply.metadata.__dict__["_message_id"] = reply.object_id
+        reply_tree = get_object_tree(reply)
+        mine = {k: v.deflate() for k, v in get_all_nested_objects(reply).items()}
+
+        class Store:
+            def get(self, object_id: str) -> bytes:
+                return mine[object_id]
+
+        to_push, session = carry.carrying_send(send, Store())(reply, reply_tree, 0.5)
+        push_object_contents_from_iterable(
+            ((i, mine[i]) for i in to_push),
+            push_object_fn=lambda i, c: push_object(run_id, session, i, c),
+        )
+        done = True  # (Flower's connection logs and swallows what its body raises)
+    assert done
+    objects_asked = paths.count("/v1/fleet/pull-object")
+    objects_sent = paths.count("/v1/fleet/push-object")
+    if carrying:
+        assert (objects_asked, objects_sent) == (0, 0), paths
+    else:
+        assert objects_asked == len(ids) and objects_sent == len(mine), paths
+    for object_id, content in mine.items():  # the reply, whole on the SuperLink
+        assert store.get(object_id) == content
