@@ -253,3 +253,16 @@ def test_a_node_gets_and_sends_a_message_whole_in_one_request_each(
         assert objects_asked == len(ids) and objects_sent == len(mine), paths
     for object_id, content in mine.items():  # the reply, whole on the SuperLink
         assert store.get(object_id) == content
+
+
+@pytest.mark.parametrize("text", ["-1", "lots", "inf"])
+def test_a_bad_carry_budget_is_refused_naming_the_variable(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEDHET_CARRY_MB", text)
+    with pytest.raises(SystemExit, match="FEDHET_CARRY_MB"):
+        carry.budget()
+    monkeypatch.setenv("FEDHET_CARRY_MB", "0.5")
+    assert carry.budget() == 2**19
+    monkeypatch.delenv("FEDHET_CARRY_MB")
+    assert carry.budget() == 64 * 2**20
