@@ -143,7 +143,7 @@ def test_every_part_off_falls_back_to_flowers_own_runtime_and_completes(
     keys = ("accuracy", "loss", "accuracy-std", "bytes-up", "valid-replies")
     assert [[r[k] for k in keys] for r in warm] == [[r[k] for k in keys] for r in stock]
     node, executor = logs["supernode-0.log"], logs["superexec-0.log"]
-    for part in ("node-polling", "node-objects", "run-watch"):
+    for part in ("node-polling", "node-objects", "run-watch", "carried-objects"):
         assert node.count(f"; {part} off, using") == 1, part
     assert executor.count("; warm-executor off, using Flower's subprocess executor") == 1
 
