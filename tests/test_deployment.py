@@ -25,7 +25,8 @@ from tests.federation_support import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.e2e
+# one worker runs them in order: later tests use the first run's results and node state
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("deployment")]
 PROFILES = ("rpi4", "rpi5", "server")
 
 
