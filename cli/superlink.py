@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import importlib
+import json
 import os
 import sys
 import threading
@@ -95,9 +97,6 @@ HOLD_S = 45.0
 grows by as much), below the 60 s a reverse proxy commonly allows an answer."""
 HOLD_MAX_S = 120.0
 PULL_PATH = "/v1/fleet/pull-messages"
-PUSH_PATH = "/v1/fleet/push-messages"
-RUNTIME_PULL_PATH = "/v1/runtime/pull-messages"
-RUNTIME_PUSH_PATH = "/v1/runtime/push-messages"
 FLEET_HANDLERS = "flwr.superlink.servicer.fleet.fleet_handlers"
 RUNTIME_HANDLERS = "flwr.superlink.servicer.runtime.runtime_handlers"
 MESSAGE_PB = "flwr.proto.message_pb2"
@@ -575,11 +574,14 @@ class CarriedObjects:
             return
         path = scope.get("path")
         offer = (carry.OFFER.encode(), b"1")
-        if path in (PULL_PATH, RUNTIME_PULL_PATH) and header(scope, carry.ASK.encode()) == b"1":
+        if (
+            path in (carry.FLEET_PULL, carry.RUNTIME_PULL)
+            and header(scope, carry.ASK.encode()) == b"1"
+        ):
             await self._pull(scope, receive, send, offer)
             return
         length = header(scope, carry.CARRIED.encode())
-        if path in (PUSH_PATH, RUNTIME_PUSH_PATH) and length is not None:
+        if path in (carry.FLEET_PUSH, carry.RUNTIME_PUSH) and length is not None:
             await self._push(scope, receive, send, length, offer)
             return
 
@@ -633,7 +635,7 @@ class CarriedObjects:
         try:
             proto, objects = carry.unframe(body, int(length))
         except ValueError as exc:
-            text = f'{{"detail": "{exc}"}}'.encode()
+            text = json.dumps({"detail": str(exc)}).encode()
             await send(
                 {
                     "type": "http.response.start",
@@ -671,32 +673,69 @@ class CarriedObjects:
             BOX.reset(token)
 
 
+def carried_out(box: Box, tree: Any, pull: Callable[[Any], Any], node: Any, run_id: int) -> bool:
+    """Each object of the message ``tree`` put in ``box``, read by Flower's
+    ``pull_object`` handler (``pull(request)``) as ``node`` of run ``run_id`` would ask
+    for it; False once the box's budget is spent."""
+    message_pb = importlib.import_module(MESSAGE_PB)
+    for item in importlib.import_module(INFLATABLE).iterate_object_tree(tree):
+        got = pull(message_pb.PullObjectRequest(node=node, run_id=run_id, object_id=item.object_id))
+        if got.object_available and not box.add(item.object_id, got.object_content):
+            return False
+    return True
+
+
+def stored_carried(
+    response: Any, box: Box, push: Callable[[Any], Any], node: Any, run_id: int
+) -> None:
+    """Each object the push's ``response`` asks for that the request carried, stored
+    by Flower's ``push_object`` handler (``push(request)``) as ``node`` of run
+    ``run_id`` would push it; the answer then asks for the others only (an object
+    the handler refuses stays asked for: the client pushes it and meets the error)."""
+    message_pb = importlib.import_module(MESSAGE_PB)
+    wanted = []
+    for object_id in response.objects_to_push:
+        content = box.incoming.get(object_id)
+        stored = False
+        if content is not None:
+            request = message_pb.PushObjectRequest(
+                node=node,
+                run_id=run_id,
+                object_id=object_id,
+                object_content=content,
+                session_id=response.session_id,
+            )
+            try:
+                stored = bool(push(request).stored)
+            except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
+                stored = False
+        if not stored:
+            wanted.append(object_id)
+    del response.objects_to_push[:]
+    response.objects_to_push.extend(wanted)
+
+
+def superlink_node() -> Any:
+    """The node a ServerApp's Runtime requests name (Flower's ``SUPERLINK_NODE_ID``)."""
+    node_pb = importlib.import_module("flwr.proto.node_pb2")
+    return node_pb.Node(node_id=importlib.import_module(CONSTANT).SUPERLINK_NODE_ID)
+
+
 def fleet_pulls_carrying(flowers: Callable[..., Any]) -> Callable[..., Any]:
     """Flower's Fleet ``pull_messages`` that puts each object of the messages it
     answers with in the request's :class:`Box` (read by Flower's ``pull_object``)."""
     handlers = importlib.import_module(FLEET_HANDLERS)
-    message_pb = importlib.import_module(MESSAGE_PB)
-    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
 
     def pull_messages(request: Any, state: Any, store: Any) -> Any:
         response = flowers(request=request, state=state, store=store)
         box = BOX.get()
-        if box is None:
-            return response
-        for message, tree in zip(
-            response.messages_list, response.message_object_trees, strict=False
-        ):
-            for node in iterate(tree):
-                got = handlers.pull_object(
-                    message_pb.PullObjectRequest(
-                        node=request.node,
-                        run_id=message.metadata.run_id,
-                        object_id=node.object_id,
-                    ),
-                    state,
-                )
-                if got.object_available and not box.add(node.object_id, got.object_content):
-                    return response
+        if box is not None:
+            pull = functools.partial(handlers.pull_object, state=state)
+            for message, tree in zip(
+                response.messages_list, response.message_object_trees, strict=False
+            ):
+                if not carried_out(box, tree, pull, request.node, message.metadata.run_id):
+                    break
         return response
 
     pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
@@ -708,29 +747,16 @@ def runtime_pulls_carrying(flowers: Callable[..., Any]) -> Callable[..., Any]:
     each object of the replies it answers with in the request's :class:`Box` (read
     by Flower's Runtime ``pull_object``, as the ServerApp's own request would)."""
     handlers = importlib.import_module(RUNTIME_HANDLERS)
-    message_pb = importlib.import_module(MESSAGE_PB)
-    node_pb = importlib.import_module("flwr.proto.node_pb2")
-    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
-    superlink = importlib.import_module(CONSTANT).SUPERLINK_NODE_ID
 
     def pull_messages(request: Any, state: Any, task: Any) -> Any:
         response = flowers(request, state, task)
         box = BOX.get()
-        if box is None:
-            return response
-        for tree in response.message_object_trees:
-            for node in iterate(tree):
-                got = handlers.pull_object(
-                    message_pb.PullObjectRequest(
-                        node=node_pb.Node(node_id=superlink),
-                        run_id=task.run_id,
-                        object_id=node.object_id,
-                    ),
-                    state,
-                    task,
-                )
-                if got.object_available and not box.add(node.object_id, got.object_content):
-                    return response
+        if box is not None:
+            node = superlink_node()
+            pull = functools.partial(handlers.pull_object, state=state, task=task)
+            for tree in response.message_object_trees:
+                if not carried_out(box, tree, pull, node, task.run_id):
+                    break
         return response
 
     pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
@@ -742,30 +768,14 @@ def fleet_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     and the request carried (in its :class:`Box`) with Flower's ``push_object``, and
     asks for the rest only."""
     handlers = importlib.import_module(FLEET_HANDLERS)
-    message_pb = importlib.import_module(MESSAGE_PB)
 
     def push_messages(request: Any, state: Any) -> Any:
         response = flowers(request=request, state=state)
         box = BOX.get()
-        if box is None or not box.incoming or not request.messages_list:
-            return response
-        run_id = request.messages_list[0].metadata.run_id
-
-        def store(object_id: str, content: bytes) -> bool:
-            return bool(
-                handlers.push_object(
-                    message_pb.PushObjectRequest(
-                        node=request.node,
-                        run_id=run_id,
-                        object_id=object_id,
-                        object_content=content,
-                        session_id=response.session_id,
-                    ),
-                    state,
-                ).stored
-            )
-
-        stored_carried(response, box, store)
+        if box is not None and box.incoming and request.messages_list:
+            run_id = request.messages_list[0].metadata.run_id
+            push = functools.partial(handlers.push_object, state=state)
+            stored_carried(response, box, push, request.node, run_id)
         return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
@@ -777,54 +787,17 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     stores each object the answer asks for and the request carried with Flower's
     Runtime ``push_object``, and asks for the rest only."""
     handlers = importlib.import_module(RUNTIME_HANDLERS)
-    message_pb = importlib.import_module(MESSAGE_PB)
-    node_pb = importlib.import_module("flwr.proto.node_pb2")
-    superlink = importlib.import_module(CONSTANT).SUPERLINK_NODE_ID
 
     def push_messages(request: Any, state: Any, task: Any) -> Any:
         response = flowers(request, state, task)
         box = BOX.get()
-        if box is None or not box.incoming:
-            return response
-
-        def store(object_id: str, content: bytes) -> bool:
-            return bool(
-                handlers.push_object(
-                    message_pb.PushObjectRequest(
-                        node=node_pb.Node(node_id=superlink),
-                        run_id=task.run_id,
-                        object_id=object_id,
-                        object_content=content,
-                        session_id=response.session_id,
-                    ),
-                    state,
-                    task,
-                ).stored
-            )
-
-        stored_carried(response, box, store)
+        if box is not None and box.incoming:
+            push = functools.partial(handlers.push_object, state=state, task=task)
+            stored_carried(response, box, push, superlink_node(), task.run_id)
         return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return push_messages
-
-
-def stored_carried(response: Any, box: Box, store: Callable[[str, bytes], bool]) -> None:
-    """Each object ``response`` asks for that the request carried, stored; the
-    answer asks for the others only."""
-    wanted = []
-    for object_id in response.objects_to_push:
-        content = box.incoming.get(object_id)
-        stored = False
-        if content is not None:
-            try:
-                stored = store(object_id, content)
-            except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
-                stored = False
-        if not stored:
-            wanted.append(object_id)
-    del response.objects_to_push[:]
-    response.objects_to_push.extend(wanted)
 
 
 def carried_objects(budget: int) -> None:

@@ -1501,23 +1501,14 @@ def carried_node_objects() -> None:
     asks for its messages' objects in its polls' answers and carries its replies'
     objects in their pushes (:mod:`common.carry`; a SuperLink that does not offer it
     gets Flower's requests), and the node's object pulls take those first."""
-    on_fleet_client(lambda client, _url: carry.attach(client, (PULL_PATH,), (PUSH_PATH,)))
-    carried_pulls(SUPERNODE_LOOP)
-
-
-def carried_pulls(module_name: str) -> None:
-    """``module_name.pull_objects`` takes what the thread's last answer carried first
-    (:func:`common.carry.pulls`; once)."""
-    module = importlib.import_module(module_name)
-    current = flower_internal(module_name, "pull_objects")
-    if getattr(current, "__wrapped__", None) is None or not getattr(current, "carried", False):
-        pulls = carry.pulls(current)
-        pulls.carried = True  # type: ignore[attr-defined]
-        replace(module, "pull_objects", pulls)
+    on_fleet_client(
+        lambda client, _url: carry.attach(client, (carry.FLEET_PULL,), (carry.FLEET_PUSH,))
+    )
+    loop = importlib.import_module(SUPERNODE_LOOP)
+    replace(loop, "pull_objects", carry.pulls(flower_internal(SUPERNODE_LOOP, "pull_objects")))
 
 
 SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
-PUSH_PATH = "/v1/fleet/push-messages"
 
 
 def switch(name: str, default: bool = True) -> bool:

@@ -41,6 +41,11 @@ ASK = "x-fedhet-carry"
 """A poll whose answer may carry its messages' objects (value ``1``)."""
 CARRIED = "x-fedhet-carried"
 """The length of the protobuf at the start of a body that carries objects."""
+FLEET_PULL = "/v1/fleet/pull-messages"
+FLEET_PUSH = "/v1/fleet/push-messages"
+RUNTIME_PULL = "/v1/runtime/pull-messages"
+RUNTIME_PUSH = "/v1/runtime/push-messages"
+"""The Fleet (node) and Runtime (ServerApp) paths that move messages in flwr 1.42."""
 FRAME = struct.Struct(">HQ")
 BUDGET_MB = 64.0
 """Bytes of objects one answer carries at most (``FEDHET_CARRY_MB``): a ServerApp's
@@ -159,7 +164,10 @@ def _carrying(client: Any, request: Any, objects: Any) -> Any:
 
 def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[str, bytes]]:
     """Flower's ``pull_objects(object_ids, pull_object_fn, ...)`` that takes what this
-    thread's last answer carried and asks the SuperLink only for the rest."""
+    thread's last answer carried and asks the SuperLink only for the rest (one that
+    does already is returned as it is)."""
+    if getattr(pull_objects, "carried", False):
+        return pull_objects
 
     def pull(
         object_ids: list[str], pull_object_fn: Any, *args: Any, **kwargs: Any
@@ -172,6 +180,7 @@ def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[s
         return have
 
     pull.__wrapped__ = pull_objects  # type: ignore[attr-defined]
+    pull.carried = True  # type: ignore[attr-defined]
     return pull
 
 
@@ -198,7 +207,10 @@ def carrying_send(send: Callable[..., Any], store: Any) -> Callable[..., Any]:
 def gathering(nested: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
     """Flower's ``get_all_nested_objects`` that also adds what it finds to this
     thread's :attr:`_Local.outgoing` while that is a dict (the ServerApp's push of
-    messages: :meth:`server_app.grid.PollingGrid.push_messages` opens it)."""
+    messages: :meth:`server_app.grid.PollingGrid.push_messages` opens it; one that
+    does already is returned as it is)."""
+    if getattr(nested, "carried", False):
+        return nested
 
     def gather(obj: Any) -> dict[str, Any]:
         found = nested(obj)

@@ -42,8 +42,6 @@ from common.packing import PackingError, is_packed, pack, unpack
 
 REPLY_POLLS = ("informed", "fixed", "flower")
 HTTP_GRID = "flwr.superlink.grid.http_grid"
-RUNTIME_PULL_PATH = "/v1/runtime/pull-messages"
-RUNTIME_PUSH_PATH = "/v1/runtime/push-messages"
 LEAD = 0.8
 """Fast polls start at this share of the phase's expected time to its last reply."""
 GROWTH = 0.05
@@ -111,19 +109,14 @@ class PollingGrid(Grid):
         client = getattr(getattr(grid, "_runtime_client", None), "_client", None)
         if client is not None and flower_gate.use("carried-objects"):
             # replies' objects in the poll's answer, messages' objects in their push
-            carry.attach(client, (RUNTIME_PULL_PATH,), (RUNTIME_PUSH_PATH,))
+            carry.attach(client, (carry.RUNTIME_PULL,), (carry.RUNTIME_PUSH,))
             self.carrying = True
             module = importlib.import_module(HTTP_GRID)
-            if not getattr(module.get_all_nested_objects, "carried", False):
-                flower_gate.replace(
-                    module, "get_all_nested_objects", carry.gathering(module.get_all_nested_objects)
-                )
+            nested = carry.gathering(module.get_all_nested_objects)
+            flower_gate.replace(module, "get_all_nested_objects", nested)
             pulls = module.pull_objects
             base = pulls.pulls if isinstance(pulls, PhaseBoundPulls) else pulls
-            if not getattr(base, "carried", False):
-                base = carry.pulls(base)
-                base.carried = True  # type: ignore[attr-defined]
-                flower_gate.replace(module, "pull_objects", base)
+            flower_gate.replace(module, "pull_objects", carry.pulls(base))
         if count is not None or self.mode != "flower":
             module = importlib.import_module(HTTP_GRID)
             if hasattr(module, "pull_objects"):

@@ -82,7 +82,8 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
     assert row["valid-replies"] == [3, 3] and row["lost-replies"] == 0
     assert row["emulator-error-count"] == 0
     assert row["requests"]["fleet/push-messages"] >= 3 * 2 + 3  # profile + 2 rounds (+ final eval)
-    # every message's objects carried in its poll's answer and its push (carried-objects;
-    # a ServerApp's reply pull may come between a reply's push and its objects' storing)
+    # every node message's objects carried in its poll's answer and its push
+    # (carried-objects; the ServerApp's own object pulls are not asserted: a few remain
+    # at N = 1,000)
     assert not {"fleet/pull-object", "fleet/push-object"} & set(row["requests"]), row["requests"]
     assert row["server-cpu-s"] > 0 and row["superlink-peak-sockets"] > 0
