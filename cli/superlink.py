@@ -63,6 +63,7 @@ left as Flower has it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import importlib
@@ -72,7 +73,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 from cli.supernode import number
@@ -557,6 +558,49 @@ BOX: contextvars.ContextVar[Box | None] = contextvars.ContextVar("fedhet_carry",
 copy of the request's context: the same box)."""
 
 
+ARRIVAL_WAIT_S = 5.0
+"""The longest a poll's answer waits for an object a push is storing meanwhile."""
+
+
+class Arrivals:
+    """The objects pushes are storing now: those their requests carried, from before
+    Flower's handler stores the message until each is stored. A poll that answers
+    with the message meanwhile (the ServerApp's, woken or timed by the reply) waits
+    for them instead of leaving its client to ask for each (:func:`carried_out`)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._ids: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def storing(self, object_ids: Iterable[str]) -> Iterator[None]:
+        """``object_ids`` are arriving while the block runs."""
+        ids = list(object_ids)
+        with self._changed:
+            for object_id in ids:
+                self._ids[object_id] = self._ids.get(object_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                for object_id in ids:
+                    self._ids[object_id] -= 1
+                    if not self._ids[object_id]:
+                        del self._ids[object_id]
+                self._changed.notify_all()
+
+    def wait(self, object_id: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` while ``object_id`` is arriving; whether it was."""
+        with self._changed:
+            if object_id not in self._ids:
+                return False
+            self._changed.wait_for(lambda: object_id not in self._ids, timeout)
+            return True
+
+
+ARRIVALS = Arrivals()
+
+
 class CarriedObjects:
     """An ASGI middleware: a poll (Fleet or Runtime) that asks (:data:`carry.ASK`) has
     its messages' objects, which the wrapped handler put in the request's
@@ -673,13 +717,27 @@ class CarriedObjects:
             BOX.reset(token)
 
 
-def carried_out(box: Box, tree: Any, pull: Callable[[Any], Any], node: Any, run_id: int) -> bool:
+def carried_out(
+    box: Box,
+    tree: Any,
+    pull: Callable[[Any], Any],
+    node: Any,
+    run_id: int,
+    arrivals: Arrivals = ARRIVALS,
+    wait_s: float = ARRIVAL_WAIT_S,
+) -> bool:
     """Each object of the message ``tree`` put in ``box``, read by Flower's
     ``pull_object`` handler (``pull(request)``) as ``node`` of run ``run_id`` would ask
-    for it; False once the box's budget is spent."""
+    for it (one a push is storing meanwhile read once it is stored, ``wait_s`` at
+    most an answer); False once the box's budget is spent."""
     message_pb = importlib.import_module(MESSAGE_PB)
+    deadline = time.monotonic() + wait_s
     for item in importlib.import_module(INFLATABLE).iterate_object_tree(tree):
-        got = pull(message_pb.PullObjectRequest(node=node, run_id=run_id, object_id=item.object_id))
+        request = message_pb.PullObjectRequest(node=node, run_id=run_id, object_id=item.object_id)
+        got = pull(request)
+        left = deadline - time.monotonic()
+        if not got.object_available and left > 0 and arrivals.wait(item.object_id, left):
+            got = pull(request)
         if got.object_available and not box.add(item.object_id, got.object_content):
             return False
     return True
@@ -770,9 +828,11 @@ def fleet_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     handlers = importlib.import_module(FLEET_HANDLERS)
 
     def push_messages(request: Any, state: Any) -> Any:
-        response = flowers(request=request, state=state)
         box = BOX.get()
-        if box is not None and box.incoming and request.messages_list:
+        if box is None or not box.incoming or not request.messages_list:
+            return flowers(request=request, state=state)
+        with ARRIVALS.storing(box.incoming):
+            response = flowers(request=request, state=state)
             run_id = request.messages_list[0].metadata.run_id
             push = functools.partial(handlers.push_object, state=state)
             stored_carried(response, box, push, request.node, run_id)
@@ -789,9 +849,11 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     handlers = importlib.import_module(RUNTIME_HANDLERS)
 
     def push_messages(request: Any, state: Any, task: Any) -> Any:
-        response = flowers(request, state, task)
         box = BOX.get()
-        if box is not None and box.incoming:
+        if box is None or not box.incoming:
+            return flowers(request, state, task)
+        with ARRIVALS.storing(box.incoming):
+            response = flowers(request, state, task)
             push = functools.partial(handlers.push_object, state=state, task=task)
             stored_carried(response, box, push, superlink_node(), task.run_id)
         return response

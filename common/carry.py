@@ -184,17 +184,37 @@ def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[s
     return pull
 
 
-def carrying_send(send: Callable[..., Any], store: Any) -> Callable[..., Any]:
+CONTENT_WAIT_S = 10.0
+"""How long a node's push waits for a reply's objects its store does not hold yet."""
+
+
+def carrying_send(
+    send: Callable[..., Any], store: Any, wait_s: float = CONTENT_WAIT_S, poll_s: float = 0.005
+) -> Callable[..., Any]:
     """A node's ``send(message, object_tree, runtime)`` whose push carries every
-    object of the message's tree that the node's ``store`` holds."""
+    object of the message's tree that the node's ``store`` holds.
+
+    A reply reaches the node's state before its objects are all in the store (the
+    ClientApp pushes the message, then each object): an object still announced
+    without content (``b""``) is waited for, every ``poll_s``, for at most ``wait_s``
+    in all; what is still missing then goes as Flower sends it (a request each,
+    after Flower's own wait). An object the store does not know is not carried."""
+    import time
+
     from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
 
+    def content_of(object_id: str, deadline: float) -> bytes | None:
+        while (content := store.get(object_id)) == b"" and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return bytes(content) if content else None
+
     def sending(message: Any, tree: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + wait_s
         objects = []
         for node in iterate_object_tree(tree):
-            content = store.get(node.object_id)
-            if content:
-                objects.append((node.object_id, bytes(content)))
+            content = content_of(node.object_id, deadline)
+            if content is not None:
+                objects.append((node.object_id, content))
         LOCAL.outgoing = objects
         try:
             return send(message, tree, *args, **kwargs)

@@ -234,9 +234,12 @@ def test_a_node_gets_and_sends_a_message_whole_in_one_request_each(
         reply_tree = get_object_tree(reply)
         mine = {k: v.deflate() for k, v in get_all_nested_objects(reply).items()}
 
-        class Store:
+        asked: dict[str, int] = {}
+
+        class Store:  # as a node's: the ClientApp's objects arrive after its message
             def get(self, object_id: str) -> bytes:
-                return mine[object_id]
+                asked[object_id] = asked.get(object_id, 0) + 1
+                return mine[object_id] if asked[object_id] > 3 else b""
 
         to_push, session = carry.carrying_send(send, Store())(reply, reply_tree, 0.5)
         push_object_contents_from_iterable(
@@ -253,6 +256,42 @@ def test_a_node_gets_and_sends_a_message_whole_in_one_request_each(
         assert objects_asked == len(ids) and objects_sent == len(mine), paths
     for object_id, content in mine.items():  # the reply, whole on the SuperLink
         assert store.get(object_id) == content
+
+
+def test_a_poll_answer_waits_for_the_objects_a_push_is_storing_and_only_for_those() -> None:
+    from types import SimpleNamespace
+
+    from flwr.proto.message_pb2 import ObjectTree
+    from flwr.proto.node_pb2 import Node
+
+    stored: dict[str, bytes] = {}
+    arrivals = sl.Arrivals()
+    late, lost = b"stored by a push meanwhile", b"never pushed"
+    tree = ObjectTree(object_id=oid(late), children=[ObjectTree(object_id=oid(lost))])
+
+    def pull(request: Any) -> Any:
+        content = stored.get(request.object_id)
+        return SimpleNamespace(object_available=content is not None, object_content=content)
+
+    pushing = threading.Event()
+
+    def push() -> None:  # Flower's handler stores the message, then each object
+        with arrivals.storing([oid(late)]):
+            pushing.set()
+            time.sleep(0.2)
+            stored[oid(late)] = late
+
+    box = sl.Box(budget=2**20)
+    pusher = threading.Thread(target=push)
+    pusher.start()
+    try:
+        pushing.wait()
+        assert sl.carried_out(box, tree, pull, Node(node_id=1), 1, arrivals, wait_s=30)
+    finally:
+        pusher.join()
+    assert box.out == [(oid(late), late)]  # the other one is the client's to ask for
+    assert not arrivals.wait(oid(lost), 30)  # nothing waits for what no push is storing
+    assert not arrivals.wait(oid(late), 30)  # nor for what is stored
 
 
 @pytest.mark.parametrize("text", ["-1", "lots", "inf"])
