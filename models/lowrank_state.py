@@ -14,7 +14,6 @@ Keys, order and shapes equal ``factorise(extractor, layers, ratio).state_dict()`
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -241,19 +240,17 @@ def served_updates(
     ``scales[layer]``, default 1), ``x' − x`` for every other tensor (a conv
     factorisation's ``u_conv.bias`` is the layer's bias).
 
-    Per factorised layer, the replies served the same state together: at high rank
-    one float32 ``addmm`` per reply forms ``U'V'ᵀ − U Vᵀ`` in a work matrix (starting
-    from −U Vᵀ, formed once per served state), and its norm and its addition, times
-    ``w_k s``, to a running sum are two passes over that matrix, so each reply's
-    product serves both its size and the mean; at low rank (:data:`GRAM_BUDGET`) no
-    change is formed: the sizes come from ``r × r`` Gram matrices of the factors and
-    their differences, the sum from one product of the replies' factor differences
-    side by side (:func:`_gram_changes`). Nothing of the weight's size is allocated
-    per reply. Each factorised layer is one task, so what is reread per reply stays
-    in cache; the other tensors are two tasks (the replies alternately). Differences
-    and their running sums are float32 (float64 where a tensor is not float32): a sum
-    of changes, each a small fraction of the weights, rounds far below the float32
-    weights it is added to. The returned sums are float64.
+    Per reply and factorised layer one float32 ``addmm`` forms ``U'V'ᵀ − U Vᵀ`` in a
+    work matrix (starting from −U Vᵀ, formed once per served state); its norm and
+    its addition, times ``w_k s``, to a running sum are two passes over that matrix.
+    So each reply's product serves both its size and the mean, and nothing of the
+    weight's size is allocated per reply. Each factorised layer is one task over the
+    replies grouped by the state they were served (in the order of its first reply),
+    so what is reread per reply stays in cache; the other tensors are two tasks (the
+    replies alternately). Differences and their running sums are float32 (float64
+    where a tensor is not float32): a sum of changes, each a small fraction of the
+    weights, rounds far below the float32 weights it is added to. The returned sums
+    are float64.
 
     ``workers > 1``: the tasks run on that many threads, torch single-threaded
     meanwhile (one product per core, the passes over one layer's matrices beside
@@ -305,18 +302,6 @@ def _run(tasks: Sequence[Callable[[], Changes]], workers: int) -> list[Changes]:
         torch.set_num_threads(threads)
 
 
-GRAM_BUDGET = 48
-"""A tier's factorised layer takes the Gram route (:func:`_gram_changes`) when its
-Gram products, ``(4m + 6n) r²`` multiply-adds a reply, are at most this many per
-entry of the ``m × n`` weight; otherwise each reply's change is formed
-(:func:`_formed_changes`: three passes over the weight's size besides the product).
-Measured on the cnn extractor's layers, one thread, per reply: 2000×512 at rank 32
-0.71 against 1.28 ms, at 64 1.46 against 1.73 ms, at 128 3.60 against 2.48 ms;
-500×2000 at rank 31 0.80 against 1.22 ms, at 63 1.74 against 1.64 ms."""
-CHUNK_RANK = 1024
-"""The Gram route adds its replies' products to the sum this many columns at a time."""
-
-
 def _product_changes(
     replies: Sequence[Reply],
     shares: Sequence[float],
@@ -325,114 +310,26 @@ def _product_changes(
     shape: tuple[int, ...],
 ) -> Changes:
     """``Σ_k w_k s_k (U'_k V'_kᵀ − U_k V_kᵀ)`` of one layer over the replies that hold
-    it as factors (float32, the weight's shape), and each change's squared norm; the
-    replies served the same state together, by the route their rank makes cheaper."""
+    it as factors (float32, the weight's shape), and each change's squared norm."""
     key = lowrank_state_keys(layer, shape)[0]
     held = [k for k in order if key in replies[k][0]]
     if not held:
         return {}, {}
+    work = torch.empty(_matrix_dims(shape), dtype=torch.float32)
     total = torch.zeros(_matrix_dims(shape), dtype=torch.float32)
-    squares: dict[int, float] = {}
-    for _, group in itertools.groupby(held, key=lambda k: id(replies[k][1])):
-        ks = list(group)
-        su, sv = (f.float() for f in factors_from_state(replies[ks[0]][1], layer, shape))
-        (rows, cols), rank = total.shape, su.shape[1]
-        gram = (4 * rows + 6 * cols) * rank**2 <= GRAM_BUDGET * rows * cols
-        route = _gram_changes if gram else _formed_changes
-        group_squares = route(
-            [replies[k] for k in ks], [shares[k] for k in ks], layer, shape, su, sv, total
-        )
-        squares.update(zip(ks, group_squares, strict=True))
-    matrix = total if len(shape) == 2 else matrix_to_conv(total, *shape[:3])
-    return {f"{layer}.weight": matrix}, squares
-
-
-def _formed_changes(
-    replies: Sequence[Reply],
-    shares: Sequence[float],
-    layer: str,
-    shape: tuple[int, ...],
-    su: Tensor,
-    sv: Tensor,
-    total: Tensor,
-) -> list[float]:
-    """Adds ``Σ_k w_k s_k (U'_k V'_kᵀ − U Vᵀ)`` of replies served ``(U, V)`` to
-    ``total``; each change's squared norm. Per reply one ``addmm`` forms the change in
-    a work matrix (from ``−U Vᵀ``, formed once); its norm and its addition to
-    ``total`` are two passes over it."""
-    negative = -(su @ sv.T)
-    work = torch.empty_like(total)
-    squares = []
-    for (state, _, scales), share in zip(replies, shares, strict=True):
+    negative, current, squares = work, -1, {}
+    for k in held:
+        state, served, scales = replies[k]
+        if id(served) != current:
+            su, sv = factors_from_state(served, layer, shape)
+            negative, current = -(su.float() @ sv.float().T), id(served)
         u, v = factors_from_state(state, layer, shape)
         change = torch.addmm(negative, u.float(), v.float().T, out=work)
         scale = scales.get(layer, 1.0)
-        squares.append(scale**2 * float(torch.linalg.vector_norm(change)) ** 2)
-        total.add_(change, alpha=share * scale)
-    return squares
-
-
-def _gram_changes(
-    replies: Sequence[Reply],
-    shares: Sequence[float],
-    layer: str,
-    shape: tuple[int, ...],
-    su: Tensor,
-    sv: Tensor,
-    total: Tensor,
-) -> list[float]:
-    """What :func:`_formed_changes` does, without forming any reply's change.
-
-    With ``ΔU = U' − U`` and ``ΔV = V' − V``, a change is ``ΔU V'ᵀ + U ΔVᵀ``, so
-
-    * the sum is ``Σ_k w_k s_k ΔU_k V'_kᵀ + U (Σ_k w_k s_k ΔV_k)ᵀ``: the first term
-      one product of the replies' ``[w s ΔU]`` and ``[V']`` side by side
-      (:data:`CHUNK_RANK` columns at a time), added to ``total`` by the product itself;
-    * the squared norm is ``⟨ΔUᵀΔU, V'ᵀV'⟩ + 2 ⟨ΔUᵀU, V'ᵀΔV⟩ + ⟨UᵀU, ΔVᵀΔV⟩``, from
-      ``r × r`` Gram matrices (summed in float64).
-
-    Both are taken from the differences of the factors, never from the difference of
-    two products of the weight's size, so no digit of the change is lost to
-    cancellation."""
-    (rows, rank), cols = su.shape, sv.shape[0]
-    per_chunk = max(1, CHUNK_RANK // rank)
-    left = torch.empty(rows, per_chunk * rank)
-    right = torch.empty(cols, per_chunk * rank)
-    pair_u = torch.empty(rows, 2 * rank)  # [ΔU, U]
-    pair_u[:, rank:] = su
-    pair_v = torch.empty(cols, 2 * rank)  # [V', ΔV]
-    served_gram = (su.T @ su).double()
-    dv_sum = torch.zeros(cols, rank)
-    squares = []
-    filled = 0
-    for (state, _, scales), share in zip(replies, shares, strict=True):
-        u, v = (f.float() for f in factors_from_state(state, layer, shape))
-        du, dv = pair_u[:, :rank], pair_v[:, rank:]
-        torch.sub(u, su, out=du)
-        pair_v[:, :rank] = v
-        torch.sub(v, sv, out=dv)
-        g_u = (du.T @ pair_u).double()  # [ΔUᵀΔU, ΔUᵀU]
-        g_v = (pair_v.T @ pair_v).double()  # [[V'ᵀV', V'ᵀΔV], [ΔVᵀV', ΔVᵀΔV]]
-        square = (
-            (g_u[:, :rank] * g_v[:rank, :rank]).sum()
-            + 2 * (g_u[:, rank:] * g_v[:rank, rank:]).sum()
-            + (served_gram * g_v[rank:, rank:]).sum()
-        )
-        scale = scales.get(layer, 1.0)
-        squares.append(scale**2 * float(square))
-        weight = share * scale
-        block = slice(filled * rank, (filled + 1) * rank)
-        torch.mul(du, weight, out=left[:, block])
-        right[:, block] = v
-        dv_sum.add_(dv, alpha=weight)
-        filled += 1
-        if filled == per_chunk:
-            total.addmm_(left, right.T)
-            filled = 0
-    if filled:
-        total.addmm_(left[:, : filled * rank], right[:, : filled * rank].T)
-    total.addmm_(su, dv_sum.T)
-    return squares
+        squares[k] = scale**2 * float(torch.linalg.vector_norm(change)) ** 2
+        total.add_(change, alpha=shares[k] * scale)
+    matrix = total if len(shape) == 2 else matrix_to_conv(total, *shape[:3])
+    return {f"{layer}.weight": matrix}, squares
 
 
 def _other_changes(
