@@ -629,12 +629,7 @@ class CarriedObjects:
             await self._push(scope, receive, send, length, offer)
             return
 
-        async def offering(message: dict) -> None:
-            if message.get("type") == "http.response.start":
-                message = with_headers(message, (offer,))
-            await send(message)
-
-        await self.app(scope, receive, offering)
+        await self.app(scope, receive, starting_with(send, (offer,)))
 
     async def _pull(self, scope: dict, receive: Any, send: Any, offer: tuple) -> None:
         box = Box(self.budget)
@@ -705,14 +700,9 @@ class CarriedObjects:
             given = True
             return {"type": "http.request", "body": proto, "more_body": False}
 
-        async def offering(message: dict) -> None:
-            if message.get("type") == "http.response.start":
-                message = with_headers(message, (offer,))
-            await send(message)
-
         token = BOX.set(Box(incoming=objects))
         try:
-            await self.app(inner, replay, offering)
+            await self.app(inner, replay, starting_with(send, (offer,)))
         finally:
             BOX.reset(token)
 
@@ -744,33 +734,38 @@ def carried_out(
 
 
 def stored_carried(
-    response: Any, box: Box, push: Callable[[Any], Any], node: Any, run_id: int
-) -> None:
-    """Each object the push's ``response`` asks for that the request carried, stored
-    by Flower's ``push_object`` handler (``push(request)``) as ``node`` of run
-    ``run_id`` would push it; the answer then asks for the others only (an object
-    the handler refuses stays asked for: the client pushes it and meets the error)."""
+    respond: Callable[[], Any], box: Box, push: Callable[[Any], Any], node: Any, run_id: int
+) -> Any:
+    """Flower's answer to a push (``respond()``), with each object it asks for that
+    the request carried stored by Flower's ``push_object`` handler (``push(request)``)
+    as ``node`` of run ``run_id`` would push it; the answer then asks for the others
+    only (an object the handler refuses stays asked for: the client pushes it and
+    meets the error). The carried objects are :data:`ARRIVALS` from before Flower
+    stores the message until they are stored."""
     message_pb = importlib.import_module(MESSAGE_PB)
-    wanted = []
-    for object_id in response.objects_to_push:
-        content = box.incoming.get(object_id)
-        stored = False
-        if content is not None:
-            request = message_pb.PushObjectRequest(
-                node=node,
-                run_id=run_id,
-                object_id=object_id,
-                object_content=content,
-                session_id=response.session_id,
-            )
-            try:
-                stored = bool(push(request).stored)
-            except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
-                stored = False
-        if not stored:
-            wanted.append(object_id)
+    with ARRIVALS.storing(box.incoming):
+        response = respond()
+        wanted = []
+        for object_id in response.objects_to_push:
+            content = box.incoming.get(object_id)
+            stored = False
+            if content is not None:
+                request = message_pb.PushObjectRequest(
+                    node=node,
+                    run_id=run_id,
+                    object_id=object_id,
+                    object_content=content,
+                    session_id=response.session_id,
+                )
+                try:
+                    stored = bool(push(request).stored)
+                except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
+                    stored = False
+            if not stored:
+                wanted.append(object_id)
     del response.objects_to_push[:]
     response.objects_to_push.extend(wanted)
+    return response
 
 
 def superlink_node() -> Any:
@@ -828,15 +823,13 @@ def fleet_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     handlers = importlib.import_module(FLEET_HANDLERS)
 
     def push_messages(request: Any, state: Any) -> Any:
+        respond = functools.partial(flowers, request=request, state=state)
         box = BOX.get()
         if box is None or not box.incoming or not request.messages_list:
-            return flowers(request=request, state=state)
-        with ARRIVALS.storing(box.incoming):
-            response = flowers(request=request, state=state)
-            run_id = request.messages_list[0].metadata.run_id
-            push = functools.partial(handlers.push_object, state=state)
-            stored_carried(response, box, push, request.node, run_id)
-        return response
+            return respond()
+        push = functools.partial(handlers.push_object, state=state)
+        run_id = request.messages_list[0].metadata.run_id
+        return stored_carried(respond, box, push, request.node, run_id)
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return push_messages
@@ -849,14 +842,12 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
     handlers = importlib.import_module(RUNTIME_HANDLERS)
 
     def push_messages(request: Any, state: Any, task: Any) -> Any:
+        respond = functools.partial(flowers, request, state, task)
         box = BOX.get()
         if box is None or not box.incoming:
-            return flowers(request, state, task)
-        with ARRIVALS.storing(box.incoming):
-            response = flowers(request, state, task)
-            push = functools.partial(handlers.push_object, state=state, task=task)
-            stored_carried(response, box, push, superlink_node(), task.run_id)
-        return response
+            return respond()
+        push = functools.partial(handlers.push_object, state=state, task=task)
+        return stored_carried(respond, box, push, superlink_node(), task.run_id)
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return push_messages
@@ -935,6 +926,17 @@ def hold_s() -> float:
 def with_headers(start: dict, headers: Any) -> dict:
     """An ASGI ``http.response.start`` message with ``headers`` added."""
     return {**start, "headers": [*start.get("headers", ()), *headers]}
+
+
+def starting_with(send: Any, headers: Any) -> Callable[[dict], Any]:
+    """An ASGI ``send`` that adds ``headers`` to the answer's start."""
+
+    async def sending(message: dict) -> None:
+        if message.get("type") == "http.response.start":
+            message = with_headers(message, headers)
+        await send(message)
+
+    return sending
 
 
 class AnswerHeaders:

@@ -32,6 +32,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -199,8 +200,6 @@ def carrying_send(
     without content (``b""``) is waited for, every ``poll_s``, for at most ``wait_s``
     in all; what is still missing then goes as Flower sends it (a request each,
     after Flower's own wait). An object the store does not know is not carried."""
-    import time
-
     from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
 
     def content_of(object_id: str, deadline: float) -> bytes | None:

@@ -294,6 +294,31 @@ def test_a_poll_answer_waits_for_the_objects_a_push_is_storing_and_only_for_thos
     assert not arrivals.wait(oid(late), 30)  # nor for what is stored
 
 
+def test_a_carried_push_stores_what_is_asked_and_its_objects_are_arriving_meanwhile() -> None:
+    from types import SimpleNamespace
+
+    from flwr.proto.node_pb2 import Node
+
+    carried = {oid(b"a"): b"a", oid(b"b"): b"b"}
+    seen: list[bool] = []
+
+    def respond() -> Any:  # Flower's handler: the message is stored, its objects asked for
+        seen.extend(sl.ARRIVALS.wait(i, 0) for i in carried)
+        return SimpleNamespace(objects_to_push=[oid(b"a"), oid(b"c")], session_id="s")
+
+    stored: list[str] = []
+
+    def push(request: Any) -> Any:
+        stored.append(request.object_id)
+        return SimpleNamespace(stored=True)
+
+    box = sl.Box(incoming=carried)
+    response = sl.stored_carried(respond, box, push, Node(node_id=1), 1)
+    assert seen == [True, True]  # a poll answering with the message waits for them
+    assert stored == [oid(b"a")] and list(response.objects_to_push) == [oid(b"c")]
+    assert not any(sl.ARRIVALS.wait(i, 0) for i in carried)  # stored: nothing to wait for
+
+
 @pytest.mark.parametrize("text", ["-1", "lots", "inf"])
 def test_a_bad_carry_budget_is_refused_naming_the_variable(
     text: str, monkeypatch: pytest.MonkeyPatch
