@@ -20,7 +20,7 @@ the code it was checked against:
   only the caller's, in the same order, with Flower's own check
   (``_check_stored_messages``); every :data:`SWEEP_S` seconds one poll still checks
   them all, so expired messages of silent nodes are removed as before.
-* ``superlink-whole-messages`` (:func:`whole`, with the index): a poll returns a
+* ``superlink-whole-messages`` (:func:`whole`, with either index): a poll returns a
   message only once every object of it is on the SuperLink. Flower returns it as soon
   as the ServerApp has registered it, before the ServerApp has pushed its objects; at
   a thousand nodes the ServerApp's pushes take minutes and a node that got its message
@@ -33,7 +33,7 @@ the code it was checked against:
   requests come more than 5 s apart (every idle poll and heartbeat of a large fleet)
   opened a new TCP and TLS connection for each: at a thousand nodes the handshakes
   were a sixth of the SuperLink's busy time.
-* ``superlink-held-pulls`` (:class:`HeldPulls`, with the index): a node that asks
+* ``superlink-held-pulls`` (:class:`HeldPulls`, with either index): a node that asks
   (``x-fedhet-hold: S``, which ``fedhet supernode`` sends once the SuperLink's answers
   name ``x-fedhet-holds: S``) has its empty poll held up to ``S`` (at most
   :data:`HOLD_S`) seconds and answered as soon as a whole message for it is there; the
@@ -56,8 +56,15 @@ the code it was checked against:
   object in a request of its own: about 11 of 21 requests per node-round at a
   thousand nodes.
 
-The SQLite state (``--database FILE``) finds a node's messages with one query and is
-left as Flower has it.
+* ``superlink-database-index`` (:class:`Undelivered`, :func:`database_message_pulls`):
+  with the state in a database (``--database FILE``), the SuperLink also keeps each
+  node's undelivered messages in memory, learnt as each stored message's transaction
+  commits and read again from the database every :data:`SWEEP_S` seconds. A poll for
+  a node with none leaves the database alone (Flower: a claim query on every poll and
+  on every reply pull of the ServerApp); with ``superlink-whole-messages``, a message
+  is returned once its objects have all arrived; and held polls, standing for
+  heartbeats too, apply as with the state in memory (their database work off the
+  event loop).
 """
 
 from __future__ import annotations
@@ -276,6 +283,265 @@ def indexed_get_message_ins(
     return get_message_ins
 
 
+SQL_STATE = "flwr.server.superlink.linkstate.sql_linkstate"
+SQL_MIXIN = "flwr.supercore.sql_mixin"
+OBJECT_MODELS = "flwr.supercore.state.schema.objectstore_models"
+INDEX_KEY = "fedhet_undelivered"
+"""Where a database session keeps the index entries it adds once it commits."""
+
+
+class Entry:
+    """An undelivered instruction message in :class:`Undelivered`."""
+
+    __slots__ = ("added", "run_id", "until")
+
+    def __init__(self, until: float, run_id: int, added: float) -> None:
+        self.until = until
+        """When it expires (Unix time: its ``created_at`` + ``ttl``)."""
+        self.run_id = run_id
+        self.added = added
+        """When the index learnt of it (``time.monotonic()``)."""
+
+
+class Undelivered:
+    """A database state's undelivered instruction messages, by destination node, in
+    the SuperLink's memory beside the database (part ``superlink-database-index``).
+
+    A message is added once the transaction that stored it commits, dropped once a
+    poll claims it (or once a claim finds nothing for its node: it was deleted), and
+    leaves when it expires; every :data:`SWEEP_S` the index is read again from the
+    database (what another process stored, or deleted, is right within that time).
+    A poll for a node with none in the index leaves the database alone; a message's
+    being whole (:func:`whole_in_database`) is remembered once it is."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_node: dict[int, dict[str, Entry]] = {}
+        self.whole: set[str] = set()
+        self.read_at: float | None = None
+        """When the last read from the database began (``time.monotonic()``)."""
+
+    def add(self, node_id: int, message_id: str, until: float, run_id: int) -> None:
+        with self.lock:
+            self.by_node.setdefault(node_id, {})[message_id] = Entry(
+                until, run_id, time.monotonic()
+            )
+
+    def of(self, node_id: int, run_id: int | None = None) -> list[str]:
+        """Node ``node_id``'s messages (of run ``run_id``, if given) that have not
+        expired, in the order the index learnt of them; expired ones leave."""
+        now = time.time()
+        with self.lock:
+            entries = self.by_node.get(node_id)
+            if not entries:
+                return []
+            gone = [key for key, entry in entries.items() if entry.until <= now]
+            if gone:
+                self._drop(node_id, gone)
+            return [
+                key for key, entry in entries.items() if run_id is None or entry.run_id == run_id
+            ]
+
+    def drop(self, node_id: int, message_ids: Iterable[str]) -> None:
+        with self.lock:
+            self._drop(node_id, message_ids)
+
+    def _drop(self, node_id: int, message_ids: Iterable[str]) -> None:
+        entries = self.by_node.get(node_id, {})
+        for message_id in list(message_ids):
+            entries.pop(message_id, None)
+            self.whole.discard(message_id)
+        if not entries:
+            self.by_node.pop(node_id, None)
+
+    def due(self) -> bool:
+        """Time to read the index from the database again (claimed by the caller:
+        one reader at a time)."""
+        now = time.monotonic()
+        with self.lock:
+            if self.read_at is not None and now - self.read_at < SWEEP_S:
+                return False
+            self.read_at = now
+            return True
+
+    def reread(self, rows: Iterable[tuple[str, int, float, int]], began: float) -> None:
+        """The database's undelivered messages ``(message id, node, until, run)``,
+        read from ``began`` on: what the index lacks is added, what it has takes the
+        database's expiry; what it learnt before ``began`` and the database no longer
+        holds as undelivered leaves, and so does every expired message."""
+        seen: dict[int, dict[str, tuple[float, int]]] = {}
+        for message_id, node_id, until, run_id in rows:
+            seen.setdefault(node_id, {})[message_id] = (until, run_id)
+        now = time.time()
+        with self.lock:
+            for node_id, held in seen.items():
+                entries = self.by_node.setdefault(node_id, {})
+                for message_id, (until, run_id) in held.items():
+                    entry = entries.get(message_id)
+                    if entry is None:
+                        entries[message_id] = Entry(until, run_id, began)
+                    else:
+                        entry.until = until
+            for node_id in list(self.by_node):
+                held = seen.get(node_id, {})
+                gone = [
+                    key
+                    for key, entry in self.by_node[node_id].items()
+                    if entry.until <= now or (entry.added < began and key not in held)
+                ]
+                self._drop(node_id, gone)
+
+    def is_whole(self, store: Any, message_id: str) -> bool:
+        """Every object of ``message_id`` is in the database's object ``store``."""
+        if message_id in self.whole:
+            return True
+        if not whole_in_database(store, message_id):
+            return False
+        with self.lock:
+            self.whole.add(message_id)
+        return True
+
+
+UNDELIVERED: weakref.WeakKeyDictionary[Any, Undelivered] = weakref.WeakKeyDictionary()
+UNDELIVERED_LOCK = threading.Lock()
+
+
+def undelivered(state: Any) -> Undelivered:
+    """The index of database state ``state`` (made on first use, which also puts the
+    state among :data:`WAITING`'s)."""
+    index = UNDELIVERED.get(state)
+    if index is None:
+        with UNDELIVERED_LOCK:
+            index = UNDELIVERED.get(state)
+            if index is None:
+                index = UNDELIVERED[state] = Undelivered()
+                WAITING.states.add(state)
+    return index
+
+
+def read_undelivered(state: Any) -> list[tuple[str, int, float, int]]:
+    """Database state ``state``'s undelivered instruction messages: ``(message id,
+    destination node, expiry as Unix time, run)``."""
+    from sqlalchemy import select
+
+    module = importlib.import_module(SQL_STATE)
+    model = module.MessageInsModel
+    unsigned = module.int64_to_uint64
+    query = select(
+        model.message_id, model.dst_node_id, model.created_at, model.ttl, model.run_id
+    ).where(model.delivered_at == "")
+    with state.session() as session:
+        rows = session.execute(query).all()
+    return [
+        (str(key), unsigned(int(node)), float(created) + float(ttl), unsigned(int(run)))
+        for key, node, created, ttl, run in rows
+    ]
+
+
+def whole_in_database(store: Any, message_id: str) -> bool:
+    """:func:`whole` for Flower's database object store: one query for the objects
+    not yet arrived (no object's content read)."""
+    from sqlalchemy import func, select
+
+    objects = importlib.import_module(OBJECT_STORE)
+    try:
+        tree = store.get_object_tree(message_id)
+    except objects.NoObjectInStoreError:
+        return True
+    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
+    ids = [node.object_id for node in iterate(tree)]
+    stored = importlib.import_module(OBJECT_MODELS).StoredObject
+    query = (
+        select(func.count())
+        .select_from(stored)
+        .where(stored.object_id.in_(ids), stored.is_available == 0)
+    )
+    with store.session() as session:
+        return not session.scalar(query)
+
+
+def on_commit(state: Any, action: Callable[[], None]) -> None:
+    """``action()`` once the database transaction open in this context for
+    ``state`` commits (at once when none is open; never if it rolls back)."""
+    from sqlalchemy import event
+
+    sessions = importlib.import_module(SQL_MIXIN)._current_sessions.get()
+    session = sessions.get(state._session_scope) if sessions else None
+    if session is None:
+        action()
+        return
+    actions = session.info.get(INDEX_KEY)
+    if actions is None:
+        actions = session.info[INDEX_KEY] = []
+
+        def committed(done: Any) -> None:
+            for each in done.info.pop(INDEX_KEY, ()):
+                each()
+
+        event.listen(session, "after_commit", committed, once=True)
+    actions.append(action)
+
+
+def indexed_store_message_ins(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """``SqlLinkState.store_message_ins`` that adds a stored message to the state's
+    :class:`Undelivered` once its transaction commits, and wakes a poll held for its
+    node."""
+
+    def store_message_ins(self: Any, message: Any) -> str | None:
+        stored = flowers(self, message)
+        if stored is not None:
+            meta = message.metadata
+            index = undelivered(self)
+            node_id, until, run_id = meta.dst_node_id, meta.created_at + meta.ttl, meta.run_id
+
+            def learnt() -> None:
+                index.add(node_id, stored, until, run_id)
+                WAITING.wake(node_id)
+
+            on_commit(self, learnt)
+        return stored
+
+    store_message_ins.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return store_message_ins
+
+
+def database_get_message_ins(
+    flowers: Callable[..., Any], whole_only: bool = False
+) -> Callable[..., Any]:
+    """``SqlLinkState.get_message_ins`` that asks the database only for a node the
+    state's :class:`Undelivered` holds messages for (Flower's claim, order and
+    checks then); with ``whole_only``, only once each of them is whole
+    (:meth:`Undelivered.is_whole`). The index is read again when due."""
+
+    def get_message_ins(
+        self: Any, node_id: int, limit: int | None, *, run_id: int | None = None
+    ) -> list[Any]:
+        if limit is not None and limit < 1:
+            raise AssertionError("`limit` must be >= 1")
+        index = undelivered(self)
+        if index.due():
+            began = time.monotonic()
+            try:
+                index.reread(read_undelivered(self), began)
+            except Exception:  # noqa: BLE001 - the index stays as it was; read again later
+                with index.lock:
+                    index.read_at = None
+        wanted = index.of(node_id, run_id)
+        if not wanted:
+            return []
+        if whole_only and not all(index.is_whole(self.object_store, key) for key in wanted):
+            return []
+        found = flowers(self, node_id, limit, run_id=run_id)
+        claimed = {msg.metadata.message_id for msg in found}
+        if limit is None or len(found) < limit:
+            claimed.update(wanted)  # the rest of those it knew of was not there
+        index.drop(node_id, claimed)
+        return found
+
+    get_message_ins.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return get_message_ins
+
+
 class Waiting:
     """Held polls by node: each an asyncio future on the SuperLink's event loop, woken
     (from any thread) when a message for its node is stored."""
@@ -313,8 +579,15 @@ class Waiting:
 
     def ready(self, node_id: int) -> bool:
         """A message for ``node_id`` that is undelivered and whole, in any indexed
-        state (a read without the state's lock: a wrong answer costs one poll)."""
+        state (in memory: a read without the state's lock, a wrong answer costs one
+        poll; a database's: :class:`Undelivered`, which may ask the database)."""
         for state in list(self.states):
+            index = UNDELIVERED.get(state)
+            if index is not None:
+                store = state.object_store
+                if any(index.is_whole(store, key) for key in index.of(node_id)):
+                    return True
+                continue
             store = state.message_ins_store
             for msg_id in list(store.by_node.get(node_id, ())):
                 msg = store.get(msg_id)
@@ -328,6 +601,14 @@ class Waiting:
 
 
 WAITING = Waiting()
+
+
+async def off_loop(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` in a worker thread once a database state is indexed (its
+    queries would hold up the event loop), else at once (dictionary reads)."""
+    if UNDELIVERED:
+        return await asyncio.to_thread(call, *args)
+    return call(*args)
 
 
 def header(scope: dict, name: bytes) -> bytes | None:
@@ -384,7 +665,7 @@ class HeldPulls:
                 answer = await answered(self.app, dict(scope), body)
                 if alive is not None:  # once, as Flower's stack took the poll
                     if node_id and answer.start.get("status") == 200:
-                        acknowledge(node_id, alive)
+                        await off_loop(acknowledge, node_id, alive)
                     alive = None
                 left = deadline - time.monotonic()
                 if node_id is None or left <= 0 or not answer.empty():
@@ -394,7 +675,10 @@ class HeldPulls:
                         return
                     break
                 # woken: a message is stored; its objects may still be on their way
-                while not WAITING.ready(node_id) and time.monotonic() + recheck < deadline:
+                while (
+                    not await off_loop(WAITING.ready, node_id)
+                    and time.monotonic() + recheck < deadline
+                ):
                     await asyncio.sleep(recheck)
                     recheck = min(2 * recheck, RECHECK_S[1])
                 if gone.done():  # nobody to give a message to: leave it undelivered
@@ -403,7 +687,7 @@ class HeldPulls:
             gone.cancel()
         held = time.monotonic() - start
         if declared is not None and node_id and held >= 1.0 and answer.start.get("status") == 200:
-            acknowledge(node_id, declared)  # on the line until now: again as answered
+            await off_loop(acknowledge, node_id, declared)  # on the line until now: again
         await answer.send(send, (b"x-fedhet-held", b"%.3f" % held))
 
     @staticmethod
@@ -412,7 +696,7 @@ class HeldPulls:
         the node hung up (False)."""
         future = WAITING.wait(node_id)
         try:
-            if WAITING.ready(node_id):  # stored (or made whole) since the answer
+            if await off_loop(WAITING.ready, node_id):  # stored (or made whole) since the answer
                 return True
             await asyncio.wait({future, gone}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             return future.done() and not gone.done()
@@ -490,8 +774,9 @@ ALIVE_POLLS_HEADER = (b"x-fedhet-alive-polls", b"1")
 
 def alive_offer() -> tuple[tuple[bytes, bytes], ...]:
     """:data:`ALIVE_POLLS_HEADER` once the SuperLink serves a state whose held polls
-    it acknowledges as heartbeats (an in-memory state, indexed by the first poll);
-    nothing for a state it cannot (SQLite), whose nodes keep their heartbeats."""
+    it acknowledges as heartbeats (an indexed state: in memory, indexed by the first
+    poll, or in a database, by its first stored message or poll); nothing before,
+    and nothing when neither index applies: the nodes keep their heartbeats."""
     return (ALIVE_POLLS_HEADER,) if WAITING.states else ()
 
 
@@ -511,7 +796,8 @@ def acknowledge(node_id: int, interval: float) -> bool:
     """Node ``node_id``'s heartbeat with ``interval`` seconds, acknowledged in every
     indexed state (Flower's ``acknowledge_node_heartbeat``: online until now +
     ``HEARTBEAT_PATIENCE`` x ``interval``; a node it does not know: False). On the
-    event loop: the in-memory state's lock is held for a dictionary update."""
+    event loop for an in-memory state (its lock is held for a dictionary update), in
+    a worker thread once a database state is indexed (:func:`off_loop`)."""
     done = False
     for state in list(WAITING.states):
         try:
@@ -895,6 +1181,22 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
     cls.get_message_ins = indexed_get_message_ins(flowers, whole_only)
 
 
+def database_message_pulls(whole_only: bool = False) -> None:
+    """Part ``superlink-database-index``: the database state keeps its undelivered
+    messages by node in memory too (:class:`Undelivered`): a poll for a node with
+    none leaves the database alone (:func:`database_get_message_ins`); with part
+    ``superlink-whole-messages`` (``whole_only``), a message is returned only once
+    it has all its objects."""
+    cls = importlib.import_module(SQL_STATE).SqlLinkState
+    for name, wrap in (
+        ("store_message_ins", indexed_store_message_ins),
+        ("get_message_ins", functools.partial(database_get_message_ins, whole_only=whole_only)),
+    ):
+        flowers = cls.__dict__[name]
+        flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
+        setattr(cls, name, wrap(flowers))
+
+
 def env_seconds(name: str, default: float, low: float, high: float, whole: bool = False) -> float:
     """Environment variable ``name``: seconds from ``low`` to ``high`` (``whole``: a
     whole number), else ``default``; any other value stops with one line naming it."""
@@ -996,11 +1298,14 @@ def run_superlink(argv: list[str]) -> None:
     seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()
-    if gate.use("superlink-node-index"):
+    memory, database = gate.use("superlink-node-index"), gate.use("superlink-database-index")
+    if memory:
         indexed_message_pulls(gate.use("superlink-whole-messages"))
+    if database:
+        database_message_pulls(gate.use("superlink-whole-messages"))
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
-    if hold > 0 and gate.use("superlink-node-index") and gate.use("superlink-held-pulls"):
+    if hold > 0 and (memory or database) and gate.use("superlink-held-pulls"):
         held_pulls(hold)
     if budget > 0 and gate.use("superlink-carried-objects"):
         carried_objects(budget)

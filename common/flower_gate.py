@@ -46,6 +46,7 @@ OBJECTS = "flwr.supercore.inflatable.inflatable_utils"
 RUN_CLIENTAPP = "flwr.supernode.runtime.run_clientapp"
 CONTROL_MIDDLEWARES = "flwr.superlink.routers.control.middlewares"
 MEMORY_STATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
+SQL_STATE = "flwr.server.superlink.linkstate.sql_linkstate"
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,34 @@ PARTS: tuple[Part, ...] = (
             "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
         ),
         "nodes get a message before its objects and ask again for the missing ones",
+        "superlink",
+    ),
+    Part(
+        "superlink-database-index",
+        "with the state in a database, the SuperLink also keeps each node's undelivered "
+        "messages in memory: a poll for a node with none leaves the database alone, "
+        "with superlink-whole-messages a message is returned only once all its objects "
+        "are there, and held polls (superlink-held-pulls) apply (Flower: a claim query "
+        "on every poll, a message returned before its objects)",
+        (
+            f"{SQL_STATE}:SqlLinkState.store_message_ins",
+            f"{SQL_STATE}:SqlLinkState.store_message_and_object_tree",
+            f"{SQL_STATE}:SqlLinkState.get_message_ins",
+            f"{SQL_STATE}:SqlLinkState._claim_message_ins_rows",
+            f"{SQL_STATE}:SqlLinkState.acknowledge_node_heartbeat",
+            f"{SQL_STATE}:MessageInsModel",
+            f"{SQL_STATE}:int64_to_uint64",
+            "flwr.supercore.sql_mixin:SqlMixin.__init__",
+            "flwr.supercore.sql_mixin:SqlMixin.session",
+            "flwr.supercore.object_store.sql_object_store:SqlObjectStore.get_object_tree",
+            "flwr.supercore.object_store.sql_object_store:SqlObjectStore.put",
+            "flwr.supercore.state.schema.objectstore_models:StoredObject",
+            "flwr.supercore.object_store.object_store:NoObjectInStoreError",
+            "flwr.supercore.inflatable.inflatable_object:iterate_object_tree",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+            "flwr.superlink.servicer.runtime.runtime_handlers:pull_messages",
+        ),
+        "Flower's claim query on every poll; no held polls with the state in a database",
         "superlink",
     ),
     Part(

@@ -215,6 +215,235 @@ def test_a_message_is_returned_only_once_all_its_objects_are_on_the_superlink(
     assert held.metadata.delivered_at != ""
 
 
+# ------------------------------------------------------------------ database index
+def _instruction(node: int, run_id: int, content: Any = None) -> Any:
+    """A message from the ServerApp of run ``run_id`` to ``node``."""
+    from flwr.app import Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
+    try:
+        msg = Message(content or RecordDict(), dst_node_id=node, message_type="train", ttl=600)
+    finally:
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    return msg
+
+
+def _indexed_store() -> Any:
+    """The index's ``store_message_ins`` around Flower's."""
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    flowers = SqlLinkState.__dict__["store_message_ins"]
+    return sl.indexed_store_message_ins(getattr(flowers, "__wrapped__", flowers))
+
+
+def _database(path: Any, indexed: bool) -> Any:
+    """Flower's database state in ``path`` with a run, 4 nodes online and 12 messages
+    (nodes 0, 1, 2 get 4 each, interleaved; node 3 none), stored by the index's
+    ``store_message_ins`` (``indexed``) or Flower's: (state, nodes, run, message ids
+    in the order stored, the message id -> its number)."""
+    from flwr.app import Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    db = str(path)
+    state = LinkStateFactory(db, NoOpFederationManager(), ObjectStoreFactory(db)).state()
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None, "serverapp")
+    nodes = []
+    for i in range(4):
+        node = state.create_node("none", "none", f"key-{i}".encode(), 30.0)
+        state.acknowledge_node_heartbeat(node, 30.0)
+        nodes.append(node)
+    flowers = SqlLinkState.__dict__["store_message_ins"]
+    flowers = getattr(flowers, "__wrapped__", flowers)
+    store = sl.indexed_store_message_ins(flowers) if indexed else flowers
+    saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
+    order = []
+    try:
+        for i in range(12):
+            msg = Message(RecordDict(), dst_node_id=nodes[i % 3], message_type="train", ttl=600)
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+            assert store(state, msg)
+            order.append(msg.object_id)
+    finally:
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+    return state, nodes, run_id, order, {key: i for i, key in enumerate(order)}
+
+
+@pytest.fixture()
+def database(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """Two database states made alike (:func:`_database`): Flower's, and one whose
+    messages the index learnt as they were stored; a fresh index and waiting room;
+    the indexed ``get_message_ins`` (Flower's claim, counted) and that of
+    superlink-whole-messages."""
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    monkeypatch.setattr(sl, "WAITING", sl.Waiting())
+    monkeypatch.setattr(sl, "UNDELIVERED", sl.weakref.WeakKeyDictionary())
+    flowers = _database(tmp_path / "flowers.db", indexed=False)
+    ours = _database(tmp_path / "ours.db", indexed=True)
+    claims: list[int] = []
+    claim = SqlLinkState.__dict__["get_message_ins"]
+    claim = getattr(claim, "__wrapped__", claim)
+
+    def counted(self: Any, node_id: int, limit: Any, *, run_id: Any = None) -> Any:
+        claims.append(node_id)
+        return claim(self, node_id, limit, run_id=run_id)
+
+    return (
+        flowers,
+        ours,
+        sl.database_get_message_ins(counted),
+        sl.database_get_message_ins(counted, whole_only=True),
+        claims,
+    )
+
+
+def test_the_database_index_finds_what_flowers_claim_finds(database: Any) -> None:
+    flowers, ours, indexed, _, claims = database
+    state, nodes, run_id, _, number = ours
+    f_state, f_nodes, f_run, _, f_number = flowers
+    calls = [
+        (0, 1, "any"),
+        (1, None, "this"),
+        (0, 2, "any"),
+        (3, 1, "any"),
+        (2, 1, "another"),
+        (0, None, "any"),
+    ]
+    runs = {"any": 0, "this": 1, "another": 2}
+    for node, limit, run in calls:
+        f_run_id = [None, f_run, f_run + 1][runs[run]]
+        run_of = [None, run_id, run_id + 1][runs[run]]
+        want = f_state.get_message_ins(node_id=f_nodes[node], limit=limit, run_id=f_run_id)
+        got = indexed(state, nodes[node], limit, run_id=run_of)
+        assert [number[k] for k in ids(got)] == [f_number[k] for k in ids(want)], (node, limit, run)
+    index = sl.UNDELIVERED[state]
+    assert {nodes.index(n): len(v) for n, v in index.by_node.items()} == {2: 4}
+    # a node the index holds nothing for (of the run asked for) never reached the claim
+    assert nodes[3] not in claims and nodes[2] not in claims and claims
+
+
+def test_a_poll_for_a_node_without_messages_runs_no_query(database: Any) -> None:
+    from sqlalchemy import event
+
+    _, ours, indexed, _, claims = database
+    state, nodes, *_ = ours
+    indexed(state, nodes[3], 1)  # the first poll reads the index from the database
+    statements: list[str] = []
+    engine = state._engine
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert indexed(state, nodes[3], 1) == []
+        assert statements == [] and claims == []
+        assert len(indexed(state, nodes[0], 1)) == 1
+        assert statements and claims == [nodes[0]]
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+
+
+def test_a_message_joins_the_index_when_its_transaction_commits(database: Any) -> None:
+    from flwr.app import ConfigRecord, RecordDict
+
+    _, ours, indexed, _, _ = database
+    state, nodes, run_id, *_ = ours
+    store = _indexed_store()
+    index = sl.undelivered(state)
+    first = _instruction(nodes[3], run_id)
+    with state.session():
+        assert store(state, first)
+        assert index.of(nodes[3]) == []  # not committed: another poll would not find it
+    assert index.of(nodes[3]) == [first.object_id]
+    second = _instruction(nodes[3], run_id, RecordDict({"c": ConfigRecord({"a": 1})}))
+    with pytest.raises(RuntimeError), state.session():
+        assert store(state, second)
+        raise RuntimeError("rolled back")
+    assert index.of(nodes[3]) == [first.object_id]
+    assert ids(indexed(state, nodes[3], 1)) == [first.object_id]
+    assert index.of(nodes[3]) == []
+
+
+def test_the_sweep_reads_what_another_process_stored_and_drops_what_is_gone(
+    database: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flowers, ours, indexed, _, _ = database
+    state, nodes, _, order, _ = ours
+    index = sl.undelivered(state)
+    indexed(state, nodes[3], 1)  # read once
+    for key in order:  # forgotten: as if stored by another process
+        index.drop(nodes[order.index(key) % 3], [key])
+    assert indexed(state, nodes[0], 1) == []  # not due yet: the index is believed
+    monkeypatch.setattr(sl, "SWEEP_S", 0.0)
+    state.delete_messages({order[1]})  # node 1's first
+    assert ids(indexed(state, nodes[0], 1)) == [order[0]]
+    assert order[1] not in index.of(nodes[1]) and index.of(nodes[1]) == order[4::3]
+
+
+def test_expired_messages_are_not_returned_and_leave_the_index(database: Any) -> None:
+    from flwr.server.superlink.linkstate.sql_linkstate import MessageInsModel
+    from sqlalchemy import update
+
+    _, ours, indexed, _, claims = database
+    state, nodes, _, order, _ = ours
+    with state.session() as session:  # every message an hour older: expired
+        session.execute(
+            update(MessageInsModel).values(created_at=MessageInsModel.created_at - 3600)
+        )
+    assert indexed(state, nodes[0], 1) == []  # read from the database: as expired
+    assert not sl.undelivered(state).by_node and claims == []
+    assert state.get_message_ins(nodes[1], None) == []  # Flower's claim agrees
+
+
+def test_a_database_message_is_returned_only_once_all_its_objects_arrived(
+    database: Any,
+) -> None:
+    """Parts superlink-database-index and superlink-whole-messages: a message whose
+    objects are registered but not all stored is not returned, nor marked delivered
+    (no claim), nor is the node's next message; once its last object arrives it is."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+
+    _, ours, _, whole_only, claims = database
+    state, nodes, run_id, _, _ = ours
+    store = _indexed_store()
+    content = RecordDict({"x": ArrayRecord({"w": Array(np.arange(4.0))})})
+    msg = _instruction(nodes[3], run_id, content)
+    objects = state.object_store
+    objects.preregister(run_id, get_object_tree(msg))
+    assert store(state, msg)
+    nested = get_all_nested_objects(msg)
+    assert len(nested) >= 2
+    *early, last = nested.items()
+    for object_id, obj in early:
+        objects.put(object_id, obj.deflate())
+    assert not sl.whole_in_database(objects, msg.object_id)
+    assert whole_only(state, nodes[3], 1) == [] and claims == []
+    assert state.get_valid_message_ins(msg.object_id)["delivered_at"] == ""
+    assert not sl.WAITING.ready(nodes[3])
+    objects.put(last[0], last[1].deflate())
+    assert sl.WAITING.ready(nodes[3])
+    assert ids(whole_only(state, nodes[3], 1)) == [msg.object_id]
+    assert state.get_valid_message_ins(msg.object_id)["delivered_at"] != ""
+    assert not sl.WAITING.ready(nodes[3])
+
+
 # ------------------------------------------------------------------ keep-alive
 def test_every_http_answer_names_the_keep_alive() -> None:
     sent: list[dict] = []
@@ -685,11 +914,13 @@ def test_the_offer_is_made_only_where_polls_are_acknowledged(
     assert sent[0]["headers"] == [(b"x-fedhet-holds", b"5"), (b"x-fedhet-alive-polls", b"1")]
 
 
+@pytest.mark.parametrize("where", ["memory", pytest.param("database", marks=pytest.mark.e2e)])
 def test_a_node_whose_held_polls_stand_for_its_heartbeats_stays_online_without_them(
-    monkeypatch: pytest.MonkeyPatch,
+    where: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """End to end, in one process: Flower's SuperLink app (in-memory state) with parts
-    superlink-node-index and superlink-held-pulls on uvicorn, and Flower's own Fleet
+    """End to end, in one process: Flower's SuperLink app (its state in memory, or in
+    a database file) with parts superlink-node-index, superlink-database-index and
+    superlink-held-pulls on uvicorn, and Flower's own Fleet
     connection of a node (``http_request_response``: its heartbeat thread, its polls)
     with fedhet's hooks (keep_alive_clients, load_aware_heartbeats). Heartbeat
     intervals shortened to 1.5 s (online for 3 s per heartbeat): while the node polls,
@@ -701,6 +932,7 @@ def test_a_node_whose_held_polls_stand_for_its_heartbeats_stays_online_without_t
     import uvicorn
     from flwr.common import constant
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
     from flwr.superlink.servicer.fleet import fleet_handlers
     from flwr.supernode import fleet_http_connection as conn
 
@@ -722,10 +954,18 @@ def test_a_node_whose_held_polls_stand_for_its_heartbeats_stays_online_without_t
     monkeypatch.setattr(main, "_get_middleware", main._get_middleware)
     monkeypatch.setattr(conn, "HeartbeatSender", conn.HeartbeatSender)
     monkeypatch.setattr(conn, "FleetHttpClient", conn.FleetHttpClient)
-    monkeypatch.setattr(
-        InMemoryLinkState, "get_message_ins", InMemoryLinkState.__dict__["get_message_ins"]
-    )
+    for cls, name in (
+        (InMemoryLinkState, "get_message_ins"),
+        (SqlLinkState, "get_message_ins"),
+        (SqlLinkState, "store_message_ins"),
+    ):
+        monkeypatch.setattr(cls, name, cls.__dict__[name])
     monkeypatch.setattr(sn.AliveInterval, "declared", None)
+    monkeypatch.setattr(sl, "UNDELIVERED", sl.weakref.WeakKeyDictionary())
+    if where == "database":
+        monkeypatch.setenv("FLWR_DATABASE", str(tmp_path / "state.db"))
+    else:
+        monkeypatch.delenv("FLWR_DATABASE", raising=False)
     for module in (main, conn):
         monkeypatch.setitem(
             module.__dict__, gate.ORIGINALS, dict(getattr(module, gate.ORIGINALS, {}))
@@ -741,9 +981,11 @@ def test_a_node_whose_held_polls_stand_for_its_heartbeats_stays_online_without_t
     monkeypatch.setattr(fleet_handlers, "send_node_heartbeat", counted)
 
     sl.indexed_message_pulls(whole_only=True)
+    sl.database_message_pulls(whole_only=True)
     sl.held_pulls(0.3)
     app = main.create_app()
     state = app.state.linkstate_factory.state()
+    assert isinstance(state, SqlLinkState) == (where == "database")
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = threading.Thread(target=server.run, daemon=True)
