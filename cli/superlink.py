@@ -65,6 +65,13 @@ the code it was checked against:
   is returned once its objects have all arrived; and held polls, standing for
   heartbeats too, apply as with the state in memory (their database work off the
   event loop).
+* ``superlink-database-reads`` (:func:`remembered_run_status`, :class:`NodeKeys`):
+  with the state in a database, a run's status (which Flower reads, after two
+  updates of expired task tokens, on every node request that checks for an aborted
+  run and on every object a carried poll or push moves) is reused for
+  :data:`RUN_STATUS_S` seconds, and a node's id by its public key (read on every
+  authenticated node request) is remembered (read again after :data:`SWEEP_S`; a
+  node deleted through this SuperLink is forgotten at once).
 """
 
 from __future__ import annotations
@@ -540,6 +547,107 @@ def database_get_message_ins(
 
     get_message_ins.__wrapped__ = flowers  # type: ignore[attr-defined]
     return get_message_ins
+
+
+RUN_STATUS_S = 1.0
+"""How long the database state's answer to a run-status read is reused."""
+
+
+def remembered_run_status(
+    flowers: Callable[..., Any], seconds: float = RUN_STATUS_S
+) -> Callable[..., Any]:
+    """``SqlLinkState.get_run_status`` that reuses its answer for the same runs for
+    ``seconds`` (part ``superlink-database-reads``). Flower reads it, with two
+    updates of expired task tokens first, on every node request that checks for an
+    aborted run, and on every object a carried poll or push moves; with this, a
+    stopped or finished run is seen up to ``seconds`` later."""
+    memo: dict[tuple[int, frozenset[int]], tuple[float, dict[int, Any]]] = {}
+    lock = threading.Lock()
+
+    def get_run_status(self: Any, run_ids: set[int]) -> dict[int, Any]:
+        key = (id(self), frozenset(run_ids))
+        now = time.monotonic()
+        with lock:
+            hit = memo.get(key)
+        if hit is not None and now - hit[0] < seconds:
+            return dict(hit[1])
+        found = flowers(self, run_ids)
+        with lock:
+            for old in [k for k, (at, _) in memo.items() if now - at >= seconds]:
+                del memo[old]
+            memo[key] = (now, dict(found))
+        return found
+
+    get_run_status.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return get_run_status
+
+
+class NodeKeys:
+    """The database state's node id by public key, as read (part
+    ``superlink-database-reads``): every authenticated node request asks for it.
+    A key is read again after :data:`SWEEP_S` seconds; a node deleted through this
+    SuperLink leaves at once."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.ids: dict[tuple[int, bytes], tuple[int, float]] = {}
+
+    def lookup(self, flowers: Callable[..., Any]) -> Callable[..., Any]:
+        """``SqlLinkState.get_node_id_by_public_key``, remembered."""
+
+        def get_node_id_by_public_key(state: Any, public_key: bytes) -> int | None:
+            key = (id(state), bytes(public_key))
+            now = time.monotonic()
+            keep = SWEEP_S if self.seconds is None else self.seconds
+            with self.lock:
+                hit = self.ids.get(key)
+            if hit is not None and now - hit[1] < keep:
+                return hit[0]
+            node_id = flowers(state, public_key)
+            if node_id is not None:
+                with self.lock:
+                    self.ids[key] = (node_id, now)
+            return node_id
+
+        get_node_id_by_public_key.__wrapped__ = flowers  # type: ignore[attr-defined]
+        return get_node_id_by_public_key
+
+    def forgetting(self, flowers: Callable[..., Any]) -> Callable[..., Any]:
+        """``SqlLinkState.delete_node`` that forgets the node's key, before and after."""
+
+        def delete_node(state: Any, owner_aid: str, node_id: int) -> None:
+            self.forget(state, node_id)
+            try:
+                flowers(state, owner_aid, node_id)
+            finally:
+                self.forget(state, node_id)
+
+        delete_node.__wrapped__ = flowers  # type: ignore[attr-defined]
+        return delete_node
+
+    def forget(self, state: Any, node_id: int) -> None:
+        with self.lock:
+            for key in [k for k, (n, _) in self.ids.items() if k[0] == id(state) and n == node_id]:
+                del self.ids[key]
+
+
+NODE_KEYS = NodeKeys()
+
+
+def database_reads() -> None:
+    """Part ``superlink-database-reads``: the database state's run status reused for
+    :data:`RUN_STATUS_S` (:func:`remembered_run_status`), its node ids by public key
+    remembered (:class:`NodeKeys`)."""
+    cls = importlib.import_module(SQL_STATE).SqlLinkState
+    for name, wrap in (
+        ("get_run_status", remembered_run_status),
+        ("get_node_id_by_public_key", NODE_KEYS.lookup),
+        ("delete_node", NODE_KEYS.forgetting),
+    ):
+        flowers = cls.__dict__[name]
+        flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
+        setattr(cls, name, wrap(flowers))
 
 
 class Waiting:
@@ -1303,6 +1411,8 @@ def run_superlink(argv: list[str]) -> None:
         indexed_message_pulls(gate.use("superlink-whole-messages"))
     if database:
         database_message_pulls(gate.use("superlink-whole-messages"))
+    if gate.use("superlink-database-reads"):
+        database_reads()
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
     if hold > 0 and (memory or database) and gate.use("superlink-held-pulls"):

@@ -319,6 +319,23 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-database-reads",
+        "with the state in a database, a run's status is read at most once a second per "
+        "run and a node's id by its public key is remembered (a node deleted through "
+        "the SuperLink forgotten at once; Flower: both read on every node request, the "
+        "run status with two updates of expired task tokens, and on every object)",
+        (
+            f"{SQL_STATE}:SqlLinkState.get_run_status",
+            f"{SQL_STATE}:SqlLinkState.get_node_id_by_public_key",
+            f"{SQL_STATE}:SqlLinkState.delete_node",
+            f"{SQL_STATE}:SqlLinkState.create_node",
+            "flwr.server.superlink.utils:check_abort",
+            "flwr.superlink.routers.fleet.node_auth:authenticate_node",
+        ),
+        "Flower's reads on every request",
+        "superlink",
+    ),
+    Part(
         "superlink-keep-alive",
         "the SuperLink keeps an idle connection 60 s (FEDHET_KEEPALIVE_S) and names it in "
         "a Keep-Alive header that fedhet supernode follows (Flower: uvicorn's 5 s, so a "

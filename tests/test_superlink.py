@@ -444,6 +444,64 @@ def test_a_database_message_is_returned_only_once_all_its_objects_arrived(
     assert not sl.WAITING.ready(nodes[3])
 
 
+def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
+    tmp_path: Any,
+) -> None:
+    """Part superlink-database-reads: within the period Flower's read is not repeated
+    (Flower's ``check_abort`` answers from the remembered status); a stopped run is
+    seen once the period has passed."""
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+    from flwr.common.constant import Status
+    from flwr.server.superlink.utils import check_abort
+
+    state, _, run_id, _, _ = _database(tmp_path / "state.db", indexed=False)
+    reads: list[set[int]] = []
+    flowers = SqlLinkState.__dict__["get_run_status"]
+    flowers = getattr(flowers, "__wrapped__", flowers)
+
+    def counted(self: Any, run_ids: set[int]) -> Any:
+        reads.append(set(run_ids))
+        return flowers(self, run_ids)
+
+    remembered = sl.remembered_run_status(counted, seconds=0.5)
+    state.get_run_status = remembered.__get__(state)
+    assert check_abort(run_id, [Status.FINISHED], state) is None
+    assert check_abort(run_id, [Status.FINISHED], state) is None
+    assert reads == [{run_id}]
+    assert state.stop_run(run_id)
+    assert check_abort(run_id, [Status.FINISHED], state) is None  # within the period
+    time.sleep(0.55)
+    assert check_abort(run_id, [Status.FINISHED], state) is not None
+    assert len(reads) == 2
+
+
+def test_a_nodes_id_by_key_is_remembered_and_forgotten_when_it_is_deleted(
+    tmp_path: Any,
+) -> None:
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    state, nodes, *_ = _database(tmp_path / "state.db", indexed=False)
+    keys = sl.NodeKeys(seconds=60)
+    reads: list[bytes] = []
+    flowers = SqlLinkState.__dict__["get_node_id_by_public_key"]
+    flowers = getattr(flowers, "__wrapped__", flowers)
+
+    def counted(self: Any, public_key: bytes) -> Any:
+        reads.append(public_key)
+        return flowers(self, public_key)
+
+    lookup = keys.lookup(counted)
+    delete = keys.forgetting(
+        getattr(SqlLinkState.delete_node, "__wrapped__", SqlLinkState.delete_node)
+    )
+    assert lookup(state, b"key-1") == nodes[1] == lookup(state, b"key-1")
+    assert lookup(state, b"nobody") is None and lookup(state, b"nobody") is None
+    assert reads == [b"key-1", b"nobody", b"nobody"]  # an unknown key is not remembered
+    delete(state, "none", nodes[1])
+    assert lookup(state, b"key-1") is None
+    assert lookup(state, b"key-2") == nodes[2]
+
+
 # ------------------------------------------------------------------ keep-alive
 def test_every_http_answer_names_the_keep_alive() -> None:
     sent: list[dict] = []
