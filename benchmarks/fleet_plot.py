@@ -1,10 +1,11 @@
 """The fleet emulator's rows against N: a table and a plot for docs/deployment.md.
 
 Reads the rows ``benchmarks.fleet_load`` appended (``--rows``), keeps the emulated
-runs of one algorithm and state, and writes ``docs/results/fleet-scale.json`` (the rows
-it used, for the record) and ``docs/results/fleet-scale.png``: the median round
-overhead beyond the slowest node's delay, and the SuperLink + ServerApp CPU seconds per
-node-round from round 2, against N.
+runs of one algorithm with every gate part on, and writes
+``docs/results/fleet-scale.json`` (every row, for the record) and
+``docs/results/fleet-scale.png``: the median round overhead beyond the slowest node's
+delay, and the SuperLink + ServerApp CPU seconds per node-round from round 2, against
+N, a line per SuperLink state (in memory, in its database; the latest row of each N).
 
     python -m benchmarks.fleet_plot --rows benchmarks/out/fleet-scale.json
 """
@@ -42,17 +43,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(series: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """One line per state (its rows sorted by N) in each panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = [r["nodes"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
-    left.plot(n, [r["median-round-overhead-s"] for r in rows], "o-")
+    for state, rows in series.items():
+        n = [r["nodes"] for r in rows]
+        label = f"state in {state}" if state == "memory" else f"state in its {state}"
+        left.plot(n, [r["median-round-overhead-s"] for r in rows], "o-", label=label)
+        right.plot(
+            n, [r.get("steady-server-cpu-s-per-node-round") for r in rows], "o-", label=label
+        )
     left.set(xscale="log", xlabel="nodes N", ylabel="s", title="median round overhead")
-    right.plot(n, [r.get("steady-server-cpu-s-per-node-round") for r in rows], "o-")
     right.set(
         xscale="log",
         xlabel="nodes N",
@@ -61,32 +67,44 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     )
     right.set_ylim(bottom=0)
     left.set_ylim(bottom=0)
+    left.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def latest_by_n(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest row of each N, by N."""
+    latest: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        latest[r["nodes"]] = r
+    return [latest[n] for n in sorted(latest)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=Path, default=ROOT / "benchmarks/out/fleet-scale.json")
     parser.add_argument("--algorithm", default="lgfedavg")
-    parser.add_argument("--state", default="memory")
+    parser.add_argument(
+        "--state", action="append", help="memory, database (default: both, a line each)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results/fleet-scale")
     args = parser.parse_args()
     every = json.loads(args.rows.read_text())
-    rows = [
-        r
-        for r in every
-        if r["nodes-kind"] == "emulated"
-        and r["algorithm"] == args.algorithm
-        and r["state"] == args.state
-    ]
-    latest: dict[int, dict[str, Any]] = {}
-    for r in rows:  # the latest row of each N
-        latest[r["nodes"]] = r
-    rows = [latest[n] for n in sorted(latest)]
+    series = {}
+    for state in args.state or ["memory", "database"]:
+        rows = [
+            r
+            for r in every
+            if r["nodes-kind"] == "emulated"
+            and r["algorithm"] == args.algorithm
+            and r["state"] == state
+            and not r.get("parts-off")
+        ]
+        if rows:
+            series[state] = latest_by_n(rows)
     args.out.with_suffix(".json").write_text(json.dumps(every, indent=1) + "\n")
-    plot(rows, args.out.with_suffix(".png"))
-    print(table(rows))
+    plot(series, args.out.with_suffix(".png"))
+    print(table([r for rows in series.values() for r in rows]))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,12 @@ the code it was checked against:
   :data:`RUN_STATUS_S` seconds, and a node's id by its public key (read on every
   authenticated node request) is remembered (read again after :data:`SWEEP_S`; a
   node deleted through this SuperLink is forgotten at once).
+* ``superlink-database-patience`` (:func:`database_patience`): the database's
+  connections wait up to :data:`BUSY_S` seconds for SQLite's write lock (Flower: 5 s).
+* ``superlink-released-claims`` (:func:`release`): a message marked delivered for a
+  poll whose answer did not reach the node (its handler failed after the claim, or
+  the node of a held poll hung up) is made undelivered again, for the node's next
+  poll; Flower never hands a delivered message out again.
 """
 
 from __future__ import annotations
@@ -284,10 +290,123 @@ def indexed_get_message_ins(
         delivered_at = importlib.import_module(MEMORY_STATE).now().isoformat()
         for msg in found:
             msg.metadata.delivered_at = delivered_at
+        claimed(self, found)
         return found
 
     get_message_ins.__wrapped__ = flowers  # type: ignore[attr-defined]
     return get_message_ins
+
+
+CLAIMS: contextvars.ContextVar[list[tuple[Any, str]] | None] = contextvars.ContextVar(
+    "fedhet_claims", default=None
+)
+"""The messages a poll's handler claimed (marked delivered) so far: ``(state, id)``."""
+
+
+def claimed(state: Any, messages: Iterable[Any]) -> None:
+    """``messages`` of ``state`` were marked delivered for the poll running now."""
+    claims = CLAIMS.get()
+    if claims is not None:
+        claims.extend((state, msg.metadata.message_id) for msg in messages)
+
+
+def release(claims: Iterable[tuple[Any, str]]) -> None:
+    """Messages marked delivered for a poll whose answer did not reach its node (its
+    handler failed, or the node had hung up) made undelivered again, and a poll held
+    for their node woken: Flower marks a message delivered as it reads it and never
+    hands it out again, so the node would never get it and the ServerApp wait for
+    its reply until the round's timeout. A state that cannot is logged."""
+    by_state: dict[int, tuple[Any, list[str]]] = {}
+    for state, message_id in claims:
+        by_state.setdefault(id(state), (state, []))[1].append(message_id)
+    for state, ids in by_state.values():
+        for attempt in range(3):
+            try:
+                released = (
+                    release_in_database(state, ids)
+                    if state in UNDELIVERED
+                    else release_in_memory(state, ids)
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - a locked database: again, then logged
+                if attempt == 2:
+                    print(f"fedhet superlink: {len(ids)} message(s) stay delivered: {exc}")
+                    released = []
+                else:
+                    time.sleep(0.5 * 2**attempt)
+        for node_id in released:
+            WAITING.wake(node_id)
+
+
+def release_in_memory(state: Any, ids: list[str]) -> list[int]:
+    """:func:`release` in an in-memory state; the nodes of the messages released."""
+    nodes = []
+    with state.lock:
+        for message_id in ids:
+            msg = state.message_ins_store.get(message_id)
+            if msg is not None and msg.metadata.delivered_at != "":
+                msg.metadata.delivered_at = ""
+                nodes.append(msg.metadata.dst_node_id)
+    return nodes
+
+
+def release_in_database(state: Any, ids: list[str]) -> list[int]:
+    """:func:`release` in a database state (back in its :class:`Undelivered`); the
+    nodes of the messages released."""
+    from sqlalchemy import update
+
+    module = importlib.import_module(SQL_STATE)
+    model = module.MessageInsModel
+    unsigned = module.int64_to_uint64
+    query = (
+        update(model)
+        .where(model.message_id.in_(ids), model.delivered_at != "")
+        .values(delivered_at="")
+        .returning(model.message_id, model.dst_node_id, model.created_at, model.ttl, model.run_id)
+    )
+    with state.session() as session:
+        rows = session.execute(query).all()
+    index = undelivered(state)
+    nodes = []
+    for key, node, created, ttl, run in rows:
+        node_id = unsigned(int(node))
+        index.add(node_id, str(key), float(created) + float(ttl), unsigned(int(run)))
+        nodes.append(node_id)
+    return nodes
+
+
+def released_on_failure(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Fleet ``pull_messages`` (as wrapped so far) whose claimed messages
+    are released (:func:`release`) when it fails after claiming them: the node gets
+    an error, not the messages (Flower: a failed traffic record after the claim, a
+    locked database, lost them)."""
+
+    def pull_messages(request: Any, state: Any, store: Any) -> Any:
+        claims: list[tuple[Any, str]] = []
+        token = CLAIMS.set(claims)
+        try:
+            return flowers(request=request, state=state, store=store)
+        except BaseException:
+            release(claims)
+            raise
+        finally:
+            CLAIMS.reset(token)
+
+    pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return pull_messages
+
+
+def answered_ids(answer: Any) -> list[str]:
+    """The ids of the messages in a poll's answer (none for any other answer)."""
+    if answer.start.get("status") != 200:
+        return []
+    try:
+        pulled = importlib.import_module(FLEET_PB).PullMessagesResponse.FromString(
+            b"".join(answer.body)
+        )
+    except Exception:  # noqa: BLE001 - not a poll's answer
+        return []
+    return [msg.metadata.message_id for msg in pulled.messages_list]
 
 
 SQL_STATE = "flwr.server.superlink.linkstate.sql_linkstate"
@@ -539,10 +658,11 @@ def database_get_message_ins(
         if whole_only and not all(index.is_whole(self.object_store, key) for key in wanted):
             return []
         found = flowers(self, node_id, limit, run_id=run_id)
-        claimed = {msg.metadata.message_id for msg in found}
+        claimed(self, found)
+        gone = {msg.metadata.message_id for msg in found}
         if limit is None or len(found) < limit:
-            claimed.update(wanted)  # the rest of those it knew of was not there
-        index.drop(node_id, claimed)
+            gone.update(wanted)  # the rest of those it knew of was not there
+        index.drop(node_id, gone)
         return found
 
     get_message_ins.__wrapped__ = flowers  # type: ignore[attr-defined]
@@ -792,8 +912,14 @@ class HeldPulls:
                 if gone.done():  # nobody to give a message to: leave it undelivered
                     return
         finally:
+            hung_up = gone.done()
             gone.cancel()
         held = time.monotonic() - start
+        if hung_up:  # while its answer was made: the messages in it stay undelivered
+            ids = answered_ids(answer)
+            if ids:
+                await off_loop(release, [(s, i) for s in list(WAITING.states) for i in ids])
+            return
         if declared is not None and node_id and held >= 1.0 and answer.start.get("status") == 200:
             await off_loop(acknowledge, node_id, declared)  # on the line until now: again
         await answer.send(send, (b"x-fedhet-held", b"%.3f" % held))
@@ -1289,6 +1415,32 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
     cls.get_message_ins = indexed_get_message_ins(flowers, whole_only)
 
 
+BUSY_S = 20.0
+"""How long a database request waits for SQLite's write lock (Flower: 5 s)."""
+
+
+def database_patience(seconds: float = BUSY_S) -> None:
+    """Part ``superlink-database-patience``: the database's connections wait up to
+    ``seconds`` for SQLite's write lock (``PRAGMA busy_timeout``; Flower: 5 s, after
+    which the request fails with ``database is locked``: at a thousand nodes on two
+    cores, a traffic record after a claim did, and the claimed message was lost)."""
+    mixin = importlib.import_module(SQL_MIXIN)
+    pragmas = tuple(
+        (name, str(int(seconds * 1000)) if name == "busy_timeout" else value)
+        for name, value in gate.original(mixin, "SQLITE_PRAGMAS")
+    )
+    gate.replace(mixin, "SQLITE_PRAGMAS", pragmas)
+
+
+def released_claims() -> None:
+    """Part ``superlink-released-claims``: Flower's Fleet ``pull_messages``, as the
+    parts before wrapped it, releases what it claimed when it fails
+    (:func:`released_on_failure`); a held poll whose node hung up releases what its
+    answer held (:class:`HeldPulls`)."""
+    fleet = importlib.import_module(FLEET_HANDLERS)
+    gate.replace(fleet, "pull_messages", released_on_failure(fleet.pull_messages))
+
+
 def database_message_pulls(whole_only: bool = False) -> None:
     """Part ``superlink-database-index``: the database state keeps its undelivered
     messages by node in memory too (:class:`Undelivered`): a poll for a node with
@@ -1413,12 +1565,16 @@ def run_superlink(argv: list[str]) -> None:
         database_message_pulls(gate.use("superlink-whole-messages"))
     if gate.use("superlink-database-reads"):
         database_reads()
+    if gate.use("superlink-database-patience"):
+        database_patience()
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
     if hold > 0 and (memory or database) and gate.use("superlink-held-pulls"):
         held_pulls(hold)
     if budget > 0 and gate.use("superlink-carried-objects"):
         carried_objects(budget)
+    if (memory or database) and gate.use("superlink-released-claims"):
+        released_claims()
     sys.argv = ["flower-superlink", *argv]
     importlib.import_module("flwr.superlink.cli").flower_superlink()
 

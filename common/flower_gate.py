@@ -336,6 +336,34 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-database-patience",
+        "with the state in a database, a request waits up to 20 s for SQLite's write "
+        "lock (Flower: 5 s, then the request fails with 'database is locked')",
+        (
+            "flwr.supercore.sql_mixin:SQLITE_PRAGMAS",
+            "flwr.supercore.sql_mixin:_set_sqlite_pragmas",
+            "flwr.supercore.sql_mixin:SqlMixin.initialize",
+        ),
+        "Flower's 5 s",
+        "superlink",
+    ),
+    Part(
+        "superlink-released-claims",
+        "a message marked delivered for a poll whose answer did not reach its node (the "
+        "handler failed after the claim, or a held poll's node hung up) is made "
+        "undelivered again (Flower: never handed out again; the ServerApp waits for "
+        "its reply until the round's timeout)",
+        (
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+            f"{SQL_STATE}:SqlLinkState.get_message_ins",
+            f"{SQL_STATE}:SqlLinkState._claim_message_ins_rows",
+            f"{SQL_STATE}:MessageInsModel",
+            f"{MEMORY_STATE}:InMemoryLinkState.get_message_ins",
+        ),
+        "a claimed message lost with its answer",
+        "superlink",
+    ),
+    Part(
         "superlink-keep-alive",
         "the SuperLink keeps an idle connection 60 s (FEDHET_KEEPALIVE_S) and names it in "
         "a Keep-Alive header that fedhet supernode follows (Flower: uvicorn's 5 s, so a "

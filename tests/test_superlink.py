@@ -608,8 +608,11 @@ class _Objects:
 
 class _State:
     def __init__(self) -> None:
+        import threading
+
         self.message_ins_store = sl.NodeIndexed()
         self.object_store = _Objects()
+        self.lock = threading.RLock()
 
 
 @pytest.fixture()
@@ -777,6 +780,93 @@ def test_a_node_that_hung_up_is_not_given_its_message(held: Any) -> None:
     sent = asyncio.run(main())
     assert sent == [] and len(calls) == 1
     assert state.message_ins_store["m1"].metadata.delivered_at == ""
+
+
+def test_a_message_answered_to_a_node_that_hung_up_meanwhile_is_released(held: Any) -> None:
+    """Part superlink-released-claims: the node hangs up while Flower's stack makes
+    the answer that holds its message (a slow, locked database): nothing is sent,
+    and the message is undelivered again for its next poll."""
+    from flwr.proto.fleet_pb2 import PullMessagesResponse
+
+    state, _, _ = held
+    state.message_ins_store["m1"] = _Msg(7)
+
+    async def slow(scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        state.message_ins_store["m1"].metadata.delivered_at = "now"  # claimed
+        await asyncio.sleep(0.3)
+        response = PullMessagesResponse()
+        response.messages_list.add().metadata.message_id = "m1"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": response.SerializeToString()})
+
+    scope, body = _poll("5")
+    sent = asyncio.run(_serve(slow, scope, body, events=[{"type": "http.disconnect"}]))
+    assert sent == []
+    assert state.message_ins_store["m1"].metadata.delivered_at == ""
+
+
+@pytest.mark.parametrize("where", ["memory", "database"])
+def test_a_poll_whose_handler_fails_after_the_claim_releases_its_message(
+    where: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Part superlink-released-claims, with Flower's own Fleet ``pull_messages`` and
+    state: its traffic record after the claim fails (as SQLite's 'database is
+    locked' did at a thousand nodes); the poll fails, and the node's next poll gets
+    the message (Flower: marked delivered, never handed out again)."""
+    from flwr.proto.fleet_pb2 import PullMessagesRequest
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+    from flwr.superlink.servicer.fleet import fleet_handlers
+
+    monkeypatch.setattr(sl, "WAITING", sl.Waiting())
+    monkeypatch.setattr(sl, "UNDELIVERED", sl.weakref.WeakKeyDictionary())
+    for cls in (InMemoryLinkState, SqlLinkState):
+        monkeypatch.setattr(cls, "get_message_ins", cls.__dict__["get_message_ins"])
+        monkeypatch.setattr(cls, "store_message_ins", cls.__dict__["store_message_ins"])
+    sl.indexed_message_pulls(whole_only=True)
+    sl.database_message_pulls(whole_only=True)
+    db = str(tmp_path / "state.db") if where == "database" else ":flwr-in-memory:"
+    state = LinkStateFactory(db, NoOpFederationManager(), ObjectStoreFactory(db)).state()
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None, "serverapp")
+    node = state.create_node("none", "none", b"key-0", 30.0)
+    state.acknowledge_node_heartbeat(node, 30.0)
+    msg = _instruction(node, run_id)
+    state.object_store.preregister(run_id, get_object_tree(msg))
+    for object_id, obj in get_all_nested_objects(msg).items():
+        state.object_store.put(object_id, obj.deflate())
+    assert state.store_message_ins(msg)
+    flowers_traffic = state.store_traffic
+    failures = [RuntimeError("database is locked")]
+
+    def store_traffic(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return flowers_traffic(*args, **kwargs)
+
+    monkeypatch.setattr(state, "store_traffic", store_traffic)
+    pull = sl.released_on_failure(gate_original(fleet_handlers))
+    request = PullMessagesRequest()
+    request.node.node_id = node
+    with pytest.raises(RuntimeError, match="locked"):
+        pull(request=request, state=state, store=state.object_store)
+    again = pull(request=request, state=state, store=state.object_store)
+    assert [m.metadata.message_id for m in again.messages_list] == [msg.object_id]
+    assert pull(request=request, state=state, store=state.object_store).messages_list == []
+
+
+def gate_original(module: Any) -> Any:
+    from common import flower_gate as gate
+
+    return gate.original(module, "pull_messages")
 
 
 def test_the_hold_is_offered_around_the_held_pulls_in_front_of_flowers_stack(
