@@ -72,8 +72,10 @@ the code it was checked against:
   :data:`RUN_STATUS_S` seconds, and a node's id by its public key (read on every
   authenticated node request) is remembered (read again after :data:`SWEEP_S`; a
   node deleted through this SuperLink is forgotten at once).
-* ``superlink-database-patience`` (:func:`database_patience`): the database's
-  connections wait up to :data:`BUSY_S` seconds for SQLite's write lock (Flower: 5 s).
+* ``superlink-database-lock`` (:func:`database_lock`): the SuperLink's threads take
+  turns at the database, a transaction at a time (Flower's meet at SQLite's lock,
+  polled in sleeps, and fail after 5 s); its connections wait up to :data:`BUSY_S`
+  seconds for a lock another process holds.
 * ``superlink-released-claims`` (:func:`release`): a message marked delivered for a
   poll whose answer did not reach the node (its handler failed after the claim, or
   the node of a held poll hung up) is made undelivered again, for the node's next
@@ -831,12 +833,22 @@ class Waiting:
 WAITING = Waiting()
 
 
+OFF_LOOP_THREADS = 16
+_OFF_LOOP: list[Any] = []
+
+
 async def off_loop(call: Callable[..., Any], *args: Any) -> Any:
-    """``call(*args)`` in a worker thread once a database state is indexed (its
-    queries would hold up the event loop), else at once (dictionary reads)."""
-    if UNDELIVERED:
-        return await asyncio.to_thread(call, *args)
-    return call(*args)
+    """``call(*args)`` in one of :data:`OFF_LOOP_THREADS` worker threads of its own
+    once a database state is indexed (its queries would hold up the event loop),
+    else at once (dictionary reads)."""
+    if not UNDELIVERED:
+        return call(*args)
+    if not _OFF_LOOP:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _OFF_LOOP.append(ThreadPoolExecutor(OFF_LOOP_THREADS, "fedhet-off-loop"))
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_OFF_LOOP[0], functools.partial(call, *args))
 
 
 def header(scope: dict, name: bytes) -> bytes | None:
@@ -1367,10 +1379,29 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
         if box is None or not box.incoming:
             return respond()
         push = functools.partial(handlers.push_object, state=state, task=task)
-        return stored_carried(respond, box, push, superlink_node(), task.run_id)
+        response = stored_carried(respond, box, push, superlink_node(), task.run_id)
+        if not response.objects_to_push:  # every object of every message is there
+            made_whole(
+                (msg.metadata.dst_node_id, key)
+                for msg, key in zip(request.messages_list, response.message_ids, strict=False)
+                if key
+            )
+        return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return push_messages
+
+
+def made_whole(messages: Iterable[tuple[int, str]]) -> None:
+    """Messages ``(node, id)`` whose objects a carried push has all stored: whole in
+    each database state's :class:`Undelivered` (no query to learn it) and their
+    nodes' held polls woken again."""
+    messages = list(messages)
+    for index in list(UNDELIVERED.values()):
+        with index.lock:
+            index.whole.update(key for _, key in messages)
+    for node_id, _ in messages:
+        WAITING.wake(node_id)
 
 
 def carried_objects(budget: int) -> None:
@@ -1416,20 +1447,47 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
 
 
 BUSY_S = 20.0
-"""How long a database request waits for SQLite's write lock (Flower: 5 s)."""
+"""How long a database request waits for SQLite's lock held by another process
+(Flower: 5 s)."""
+DATABASE_LOCK = threading.RLock()
+"""One database transaction at a time in the SuperLink (part
+``superlink-database-lock``)."""
 
 
-def database_patience(seconds: float = BUSY_S) -> None:
-    """Part ``superlink-database-patience``: the database's connections wait up to
-    ``seconds`` for SQLite's write lock (``PRAGMA busy_timeout``; Flower: 5 s, after
-    which the request fails with ``database is locked``: at a thousand nodes on two
-    cores, a traffic record after a claim did, and the claimed message was lost)."""
+def locked_session(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """``SqlMixin.session`` that holds :data:`DATABASE_LOCK` for the whole outermost
+    transaction (re-entrant: a nested session of the same thread goes on)."""
+
+    @contextlib.contextmanager
+    def session(self: Any) -> Iterator[Any]:
+        with DATABASE_LOCK, flowers(self) as opened:
+            yield opened
+
+    session.__wrapped__ = flowers  # type: ignore[attr-defined]
+    session.flowers = flowers  # type: ignore[attr-defined]
+    return session
+
+
+def database_lock(seconds: float = BUSY_S) -> None:
+    """Part ``superlink-database-lock``: the SuperLink's threads take turns at the
+    database (:func:`locked_session`), each transaction whole, so SQLite never finds
+    its lock taken by another thread of the SuperLink; its connections wait up to
+    ``seconds`` for a lock another process holds (``PRAGMA busy_timeout``). Flower's
+    threads meet at SQLite's lock, which a waiting one polls (sleeps of up to 0.1 s)
+    for 5 s before its request fails with ``database is locked``: at a thousand
+    nodes on two cores, a traffic record after a claim did, and the claimed message
+    was lost; a transaction that reads, then writes after another committed, fails
+    at once."""
     mixin = importlib.import_module(SQL_MIXIN)
     pragmas = tuple(
         (name, str(int(seconds * 1000)) if name == "busy_timeout" else value)
         for name, value in gate.original(mixin, "SQLITE_PRAGMAS")
     )
     gate.replace(mixin, "SQLITE_PRAGMAS", pragmas)
+    cls = mixin.SqlMixin
+    flowers = cls.__dict__["session"]
+    flowers = getattr(flowers, "flowers", flowers)  # Flower's own, once replaced
+    cls.session = locked_session(flowers)
 
 
 def released_claims() -> None:
@@ -1565,8 +1623,8 @@ def run_superlink(argv: list[str]) -> None:
         database_message_pulls(gate.use("superlink-whole-messages"))
     if gate.use("superlink-database-reads"):
         database_reads()
-    if gate.use("superlink-database-patience"):
-        database_patience()
+    if gate.use("superlink-database-lock"):
+        database_lock()
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
     if hold > 0 and (memory or database) and gate.use("superlink-held-pulls"):

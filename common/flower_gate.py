@@ -336,15 +336,18 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
-        "superlink-database-patience",
-        "with the state in a database, a request waits up to 20 s for SQLite's write "
-        "lock (Flower: 5 s, then the request fails with 'database is locked')",
+        "superlink-database-lock",
+        "with the state in a database, the SuperLink's threads take turns at it, a "
+        "transaction at a time, and wait up to 20 s for a lock another process holds "
+        "(Flower: threads meet at SQLite's lock, polled in sleeps, and fail with "
+        "'database is locked' after 5 s)",
         (
             "flwr.supercore.sql_mixin:SQLITE_PRAGMAS",
             "flwr.supercore.sql_mixin:_set_sqlite_pragmas",
             "flwr.supercore.sql_mixin:SqlMixin.initialize",
+            "flwr.supercore.sql_mixin:SqlMixin.session",
         ),
-        "Flower's 5 s",
+        "Flower's threads at SQLite's lock, 5 s",
         "superlink",
     ),
     Part(

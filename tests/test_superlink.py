@@ -444,14 +444,66 @@ def test_a_database_message_is_returned_only_once_all_its_objects_arrived(
     assert not sl.WAITING.ready(nodes[3])
 
 
+def test_a_message_a_carried_push_stored_whole_is_known_whole_without_a_query(
+    database: Any,
+) -> None:
+    _, ours, *_ = database
+    state, nodes, _, order, _ = ours
+    sl.made_whole([(nodes[0], order[0])])
+    index = sl.undelivered(state)
+    assert index.is_whole(None, order[0])  # no store asked
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_the_superlinks_threads_take_turns_at_the_database(
+    locked: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Part superlink-database-lock: a thread writes while another holds a write
+    transaction. With Flower's sessions the second meets SQLite's lock and, once its
+    wait is over (cut to 0.05 s here), fails with 'database is locked'; with the
+    part it waits its turn and writes."""
+    import threading
+
+    from flwr.supercore.sql_mixin import SqlMixin
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    flowers = SqlMixin.__dict__["session"]
+    flowers = getattr(flowers, "flowers", flowers)
+    monkeypatch.setattr(SqlMixin, "session", sl.locked_session(flowers) if locked else flowers)
+    state, nodes, *_ = _database(tmp_path / "state.db", indexed=False)
+    writing = threading.Event()
+
+    def hold() -> None:
+        with state.session():
+            state.acknowledge_node_heartbeat(nodes[0], 30.0)
+            writing.set()
+            time.sleep(0.4)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert writing.wait(10)
+    try:
+        with state.session() as session:
+            session.execute(text("PRAGMA busy_timeout = 50"))
+            assert state.acknowledge_node_heartbeat(nodes[1], 30.0)
+        wrote = True
+    except OperationalError as exc:
+        assert "locked" in str(exc)
+        wrote = False
+    finally:
+        holder.join()
+    assert wrote == locked
+
+
 def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
     tmp_path: Any,
 ) -> None:
     """Part superlink-database-reads: within the period Flower's read is not repeated
     (Flower's ``check_abort`` answers from the remembered status); a stopped run is
     seen once the period has passed."""
-    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
     from flwr.common.constant import Status
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
     from flwr.server.superlink.utils import check_abort
 
     state, _, run_id, _, _ = _database(tmp_path / "state.db", indexed=False)
