@@ -76,6 +76,10 @@ the code it was checked against:
   turns at the database, a transaction at a time (Flower's meet at SQLite's lock,
   polled in sleeps, and fail after 5 s); its connections wait up to :data:`BUSY_S`
   seconds for a lock another process holds.
+* ``superlink-database-writes`` (:class:`DatabaseWrites`): with the state in a
+  database, the traffic records (an update of the run's row for every poll, push and
+  object moved) summed and the held polls' heartbeats gathered, and written together
+  every :data:`WRITES_S` seconds, one transaction per state.
 * ``superlink-released-claims`` (:func:`release`): a message marked delivered for a
   poll whose answer did not reach the node (its handler failed after the claim, or
   the node of a held poll hung up) is made undelivered again, for the node's next
@@ -1046,11 +1050,129 @@ def acknowledge(node_id: int, interval: float) -> bool:
     a worker thread once a database state is indexed (:func:`off_loop`)."""
     done = False
     for state in list(WAITING.states):
+        if WRITES.on and state in UNDELIVERED:
+            WRITES.beat(state, node_id, interval)  # written with the next batch
+            done = True
+            continue
         try:
             done = bool(state.acknowledge_node_heartbeat(node_id, interval)) or done
         except Exception:  # noqa: BLE001 - not acknowledged: Flower's handler still answers
             continue
     return done
+
+
+WRITES_S = 1.0
+"""How often :class:`DatabaseWrites` writes what it gathered."""
+
+
+class DatabaseWrites:
+    """Writes of a database state that can wait a second, gathered and written
+    together every :data:`WRITES_S` by a thread of their own, in one transaction per
+    state (part ``superlink-database-writes``): traffic records (Flower: an update of
+    the run's row for every poll, push and object moved, eight a message with its
+    objects carried), summed per run; held polls' heartbeats, the latest per node.
+    A batch the database refuses is kept for the next one."""
+
+    def __init__(self, period: float = WRITES_S) -> None:
+        self.period = period
+        self.on = False
+        self.lock = threading.Lock()
+        self.traffic: dict[int, tuple[Any, dict[int, list[int]]]] = {}
+        self.beats: dict[int, tuple[Any, dict[int, float]]] = {}
+        self.flowers: dict[str, Callable[..., Any]] = {}
+        self.thread: threading.Thread | None = None
+
+    def record(self, state: Any, run_id: int, sent: int, received: int) -> None:
+        with self.lock:
+            runs = self.traffic.setdefault(id(state), (state, {}))[1]
+            total = runs.setdefault(run_id, [0, 0])
+            total[0] += sent
+            total[1] += received
+        self._start()
+
+    def beat(self, state: Any, node_id: int, interval: float) -> None:
+        with self.lock:
+            self.beats.setdefault(id(state), (state, {}))[1][node_id] = interval
+        self._start()
+
+    def _start(self) -> None:
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self._run, name="fedhet-database-writes", daemon=True
+                    )
+                    self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.period)
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what was gathered (each state in one transaction)."""
+        with self.lock:
+            traffic, self.traffic = self.traffic, {}
+            beats, self.beats = self.beats, {}
+        for key in set(traffic) | set(beats):
+            state = (traffic.get(key) or beats[key])[0]
+            runs = traffic.get(key, (state, {}))[1]
+            nodes = beats.get(key, (state, {}))[1]
+            try:
+                with state.session():
+                    for run_id, (sent, received) in runs.items():
+                        try:
+                            self.flowers["store_traffic"](
+                                state, run_id, bytes_sent=sent, bytes_recv=received
+                            )
+                        except ValueError:  # the run is gone: nothing to count it on
+                            continue
+                    for node_id, interval in nodes.items():
+                        self.flowers["acknowledge_node_heartbeat"](state, node_id, interval)
+            except Exception as exc:  # noqa: BLE001 - kept for the next batch
+                print(f"fedhet superlink: database writes postponed: {exc}")
+                with self.lock:
+                    for run_id, (sent, received) in runs.items():
+                        total = self.traffic.setdefault(key, (state, {}))[1].setdefault(
+                            run_id, [0, 0]
+                        )
+                        total[0] += sent
+                        total[1] += received
+                    later = self.beats.setdefault(key, (state, {}))[1]
+                    for node_id, interval in nodes.items():
+                        later.setdefault(node_id, interval)
+
+    def traffic_recorder(self, flowers: Callable[..., Any]) -> Callable[..., Any]:
+        """``SqlLinkState.store_traffic`` that checks as Flower does, then gathers."""
+        self.flowers["store_traffic"] = flowers
+
+        def store_traffic(state: Any, run_id: int, *, bytes_sent: int, bytes_recv: int) -> None:
+            if bytes_sent < 0 or bytes_recv < 0:
+                raise ValueError(
+                    f"Negative traffic values for run {run_id}: "
+                    f"bytes_sent={bytes_sent}, bytes_recv={bytes_recv}"
+                )
+            if bytes_sent == 0 and bytes_recv == 0:
+                raise ValueError(f"Both bytes_sent and bytes_recv cannot be zero for run {run_id}")
+            self.record(state, run_id, bytes_sent, bytes_recv)
+
+        store_traffic.__wrapped__ = flowers  # type: ignore[attr-defined]
+        return store_traffic
+
+
+WRITES = DatabaseWrites()
+
+
+def database_writes() -> None:
+    """Part ``superlink-database-writes``: the database state's traffic records and
+    held polls' heartbeats written together (:class:`DatabaseWrites`)."""
+    cls = importlib.import_module(SQL_STATE).SqlLinkState
+    flowers = cls.__dict__["store_traffic"]
+    flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
+    cls.store_traffic = WRITES.traffic_recorder(flowers)
+    beat = cls.__dict__["acknowledge_node_heartbeat"]
+    WRITES.flowers["acknowledge_node_heartbeat"] = getattr(beat, "__wrapped__", beat)
+    WRITES.on = True
 
 
 def held_pulls(hold_s: float = HOLD_S) -> None:
@@ -1625,6 +1747,8 @@ def run_superlink(argv: list[str]) -> None:
         database_reads()
     if gate.use("superlink-database-lock"):
         database_lock()
+    if database and gate.use("superlink-database-writes"):
+        database_writes()
     if gate.use("superlink-keep-alive"):
         keep_alive(seconds)
     if hold > 0 and (memory or database) and gate.use("superlink-held-pulls"):

@@ -351,6 +351,22 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-database-writes",
+        "with the state in a database, traffic records (one per poll, push and object "
+        "moved) summed per run and held polls' heartbeats gathered, written together "
+        "once a second (Flower: a write transaction each)",
+        (
+            f"{SQL_STATE}:SqlLinkState.store_traffic",
+            f"{SQL_STATE}:SqlLinkState.acknowledge_node_heartbeat",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:push_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:pull_object",
+            "flwr.superlink.servicer.fleet.fleet_handlers:push_object",
+        ),
+        "a write transaction for each",
+        "superlink",
+    ),
+    Part(
         "superlink-released-claims",
         "a message marked delivered for a poll whose answer did not reach its node (the "
         "handler failed after the claim, or a held poll's node hung up) is made "

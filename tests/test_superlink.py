@@ -496,6 +496,58 @@ def test_the_superlinks_threads_take_turns_at_the_database(
     assert wrote == locked
 
 
+def test_traffic_and_poll_heartbeats_are_written_together_and_kept_when_refused(
+    tmp_path: Any,
+) -> None:
+    """Part superlink-database-writes: traffic records summed per run and held polls'
+    heartbeats gathered, nothing written until the batch, then the sums and the
+    latest heartbeat in one go; Flower's checks of the values still raise; a batch
+    the database refuses is written with the next."""
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    state, nodes, run_id, _, _ = _database(tmp_path / "state.db", indexed=False)
+    writes = sl.DatabaseWrites(period=3600)  # flushed by hand here
+    flowers = SqlLinkState.__dict__["store_traffic"]
+    record = writes.traffic_recorder(getattr(flowers, "__wrapped__", flowers))
+    beat = SqlLinkState.__dict__["acknowledge_node_heartbeat"]
+    writes.flowers["acknowledge_node_heartbeat"] = getattr(beat, "__wrapped__", beat)
+
+    def traffic() -> tuple[int, int]:
+        [run] = state.get_run_info(run_ids=[run_id])
+        return run.bytes_sent, run.bytes_recv
+
+    before = traffic()
+    for sent, received in ((100, 10), (20, 2), (3, 0)):
+        record(state, run_id, bytes_sent=sent, bytes_recv=received)
+    with pytest.raises(ValueError, match="cannot be zero"):
+        record(state, run_id, bytes_sent=0, bytes_recv=0)
+    with pytest.raises(ValueError, match="Negative"):
+        record(state, run_id, bytes_sent=-1, bytes_recv=5)
+    writes.beat(state, nodes[1], 30.0)
+    writes.beat(state, nodes[1], 600.0)  # the latest counts
+    assert traffic() == before
+    [info] = state.get_node_info(node_ids=[nodes[1]])
+    assert info.heartbeat_interval == 30.0
+    refused = [True]
+    flowers_session = state.session
+
+    def session() -> Any:
+        if refused:
+            refused.pop()
+            raise RuntimeError("database is locked")
+        return flowers_session()
+
+    state.session = session
+    writes.flush()  # refused: kept
+    assert traffic() == before
+    writes.flush()
+    assert traffic() == (before[0] + 123, before[1] + 12)
+    [info] = state.get_node_info(node_ids=[nodes[1]])
+    assert info.heartbeat_interval == 600.0 and info.online_until > time.time() + 1000
+    writes.flush()  # nothing left: nothing written twice
+    assert traffic() == (before[0] + 123, before[1] + 12)
+
+
 def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
     tmp_path: Any,
 ) -> None:
