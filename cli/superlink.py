@@ -450,6 +450,10 @@ class Undelivered:
         self.lock = threading.Lock()
         self.by_node: dict[int, dict[str, Entry]] = {}
         self.whole: set[str] = set()
+        self.missing: dict[str, tuple[int, set[str]]] = {}
+        """Message -> (its node, the objects its sender was asked to push)."""
+        self.awaiting: dict[str, set[str]] = {}
+        """Object -> the messages in :attr:`missing` waiting for it."""
         self.read_at: float | None = None
         """When the last read from the database began (``time.monotonic()``)."""
 
@@ -483,8 +487,39 @@ class Undelivered:
         for message_id in list(message_ids):
             entries.pop(message_id, None)
             self.whole.discard(message_id)
+            _, missing = self.missing.pop(message_id, (0, set()))
+            for object_id in missing:
+                self._unawait(object_id, message_id)
         if not entries:
             self.by_node.pop(node_id, None)
+
+    def _unawait(self, object_id: str, message_id: str) -> None:
+        waiting = self.awaiting.get(object_id)
+        if waiting is not None:
+            waiting.discard(message_id)
+            if not waiting:
+                del self.awaiting[object_id]
+
+    def expect(self, node_id: int, message_id: str, missing: set[str]) -> None:
+        """Message ``message_id`` (for ``node_id``) lacks the objects ``missing``, which
+        its sender was asked to push (whole once :meth:`arrived` says so)."""
+        with self.lock:
+            self.missing[message_id] = (node_id, set(missing))
+            for object_id in missing:
+                self.awaiting.setdefault(object_id, set()).add(message_id)
+
+    def arrived(self, object_id: str) -> list[tuple[int, str]]:
+        """Object ``object_id`` was stored: the messages ``(node, id)`` now whole."""
+        done = []
+        with self.lock:
+            for message_id in self.awaiting.pop(object_id, ()):
+                node_id, missing = self.missing.get(message_id, (0, set()))
+                missing.discard(object_id)
+                if not missing:
+                    self.missing.pop(message_id, None)
+                    self.whole.add(message_id)
+                    done.append((node_id, message_id))
+        return done
 
     def due(self) -> bool:
         """Time to read the index from the database again (claimed by the caller:
@@ -524,9 +559,13 @@ class Undelivered:
                 self._drop(node_id, gone)
 
     def is_whole(self, store: Any, message_id: str) -> bool:
-        """Every object of ``message_id`` is in the database's object ``store``."""
+        """Every object of ``message_id`` is in the database's object ``store`` (known
+        without a query once a carried push stored them all, or while its sender
+        still has some to push: :meth:`expect`)."""
         if message_id in self.whole:
             return True
+        if message_id in self.missing:
+            return False
         if not whole_in_database(store, message_id):
             return False
         with self.lock:
@@ -1417,6 +1456,13 @@ def stored_carried(
                     stored = False
             if not stored:
                 wanted.append(object_id)
+    if wanted:
+        carried = sum(key in box.incoming for key in wanted)
+        print(
+            f"fedhet superlink: a carried push leaves {len(wanted)} of "
+            f"{len(response.objects_to_push)} object(s) to its client "
+            f"({carried} carried but not stored, {len(wanted) - carried} not carried)"
+        )
     del response.objects_to_push[:]
     response.objects_to_push.extend(wanted)
     return response
@@ -1502,16 +1548,51 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
             return respond()
         push = functools.partial(handlers.push_object, state=state, task=task)
         response = stored_carried(respond, box, push, superlink_node(), task.run_id)
-        if not response.objects_to_push:  # every object of every message is there
-            made_whole(
-                (msg.metadata.dst_node_id, key)
-                for msg, key in zip(request.messages_list, response.message_ids, strict=False)
-                if key
-            )
+        learn_wholeness(request, response)
         return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return push_messages
+
+
+def learn_wholeness(request: Any, response: Any) -> None:
+    """After a carried push of the ServerApp's messages: each message none of whose
+    objects its answer asks for is whole (:func:`made_whole`); each other one is
+    expected whole once those arrive (:meth:`Undelivered.expect`)."""
+    if not UNDELIVERED:
+        return
+    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
+    wanted = set(response.objects_to_push)
+    whole_now = []
+    for msg, tree, key in zip(
+        request.messages_list, request.message_object_trees, response.message_ids, strict=False
+    ):
+        if not key:
+            continue
+        missing = {node.object_id for node in iterate(tree)} & wanted
+        if not missing:
+            whole_now.append((msg.metadata.dst_node_id, key))
+            continue
+        for index in list(UNDELIVERED.values()):
+            index.expect(msg.metadata.dst_node_id, key, missing)
+    made_whole(whole_now)
+
+
+def objects_pushed(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Runtime ``push_object`` (an object the ServerApp pushes itself) that
+    tells each database state's :class:`Undelivered` it arrived, and wakes the held
+    polls of the messages it made whole."""
+
+    def push_object(request: Any, state: Any, task: Any) -> Any:
+        response = flowers(request, state, task)
+        if response.stored:
+            for index in list(UNDELIVERED.values()):
+                for node_id, _ in index.arrived(request.object_id):
+                    WAITING.wake(node_id)
+        return response
+
+    push_object.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return push_object
 
 
 def made_whole(messages: Iterable[tuple[int, str]]) -> None:
@@ -1627,6 +1708,8 @@ def database_message_pulls(whole_only: bool = False) -> None:
     none leaves the database alone (:func:`database_get_message_ins`); with part
     ``superlink-whole-messages`` (``whole_only``), a message is returned only once
     it has all its objects."""
+    runtime = importlib.import_module(RUNTIME_HANDLERS)
+    gate.replace(runtime, "push_object", objects_pushed(runtime.push_object))
     cls = importlib.import_module(SQL_STATE).SqlLinkState
     for name, wrap in (
         ("store_message_ins", indexed_store_message_ins),

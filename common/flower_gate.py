@@ -314,6 +314,7 @@ PARTS: tuple[Part, ...] = (
             "flwr.supercore.inflatable.inflatable_object:iterate_object_tree",
             "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
             "flwr.superlink.servicer.runtime.runtime_handlers:pull_messages",
+            "flwr.superlink.servicer.runtime.runtime_handlers:push_object",
         ),
         "Flower's claim query on every poll; no held polls with the state in a database",
         "superlink",

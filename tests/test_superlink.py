@@ -454,6 +454,29 @@ def test_a_message_a_carried_push_stored_whole_is_known_whole_without_a_query(
     assert index.is_whole(None, order[0])  # no store asked
 
 
+def test_a_message_whose_sender_still_pushes_objects_is_whole_when_they_arrived(
+    database: Any,
+) -> None:
+    """After a carried push that left objects to the ServerApp: its message is not
+    whole (no query), and is once the last of them arrives through Flower's Runtime
+    ``push_object``, which wakes its node's held poll."""
+    from types import SimpleNamespace
+
+    _, ours, *_ = database
+    state, nodes, _, order, _ = ours
+    index = sl.undelivered(state)
+    index.expect(nodes[0], order[0], {"a", "b"})
+    assert not index.is_whole(None, order[0])  # no store asked
+    woken: list[int] = []
+    sl.WAITING.wake = woken.append  # type: ignore[method-assign]
+    push = sl.objects_pushed(lambda request, state, task: SimpleNamespace(stored=True))
+    push(SimpleNamespace(object_id="a"), state, None)
+    assert woken == [] and not index.is_whole(None, order[0])
+    push(SimpleNamespace(object_id="b"), state, None)
+    assert woken == [nodes[0]] and index.is_whole(None, order[0])
+    assert not index.missing and not index.awaiting
+
+
 @pytest.mark.parametrize("locked", [False, True])
 def test_the_superlinks_threads_take_turns_at_the_database(
     locked: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
