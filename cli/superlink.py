@@ -1439,6 +1439,7 @@ def stored_carried(
     with ARRIVALS.storing(box.incoming):
         response = respond()
         wanted = []
+        errors: list[Exception] = []
         for object_id in response.objects_to_push:
             content = box.incoming.get(object_id)
             stored = False
@@ -1452,8 +1453,9 @@ def stored_carried(
                 )
                 try:
                     stored = bool(push(request).stored)
-                except Exception:  # noqa: BLE001 - the client pushes it itself: Flower's error
+                except Exception as exc:  # noqa: BLE001 - the client pushes it itself: Flower's error
                     stored = False
+                    errors.append(exc)
             if not stored:
                 wanted.append(object_id)
     if wanted:
@@ -1461,7 +1463,9 @@ def stored_carried(
         print(
             f"fedhet superlink: a carried push leaves {len(wanted)} of "
             f"{len(response.objects_to_push)} object(s) to its client "
-            f"({carried} carried but not stored, {len(wanted) - carried} not carried)"
+            f"({carried} carried but not stored, {len(errors)} of them refused with an "
+            f"error{f', the first: {errors[0]!r}' if errors else ''}; "
+            f"{len(wanted) - carried} not carried)"
         )
     del response.objects_to_push[:]
     response.objects_to_push.extend(wanted)

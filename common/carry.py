@@ -48,6 +48,8 @@ RUNTIME_PULL = "/v1/runtime/pull-messages"
 RUNTIME_PUSH = "/v1/runtime/push-messages"
 """The Fleet (node) and Runtime (ServerApp) paths that move messages in flwr 1.42."""
 FRAME = struct.Struct(">HQ")
+RUNTIME_PATIENCE_S = 600.0
+"""How long the ServerApp waits for the answer to a push or poll of its messages."""
 BUDGET_MB = 64.0
 """Bytes of objects one answer carries at most (``FEDHET_CARRY_MB``): a ServerApp's
 pull of a thousand replies of a large model must not become one answer of gigabytes."""
@@ -119,15 +121,29 @@ class _Local(threading.local):
 LOCAL = _Local()
 
 
-def attach(client: Any, pulls: tuple[str, ...], pushes: tuple[str, ...]) -> None:
+def attach(
+    client: Any,
+    pulls: tuple[str, ...],
+    pushes: tuple[str, ...],
+    patience_s: float | None = None,
+) -> None:
     """``client`` (an ``httpx.Client``) asks for carried objects on the paths in
     ``pulls`` and carries :attr:`_Local.outgoing` on the paths in ``pushes``, once
-    the server's answers name :data:`OFFER`."""
+    the server's answers name :data:`OFFER`; with ``patience_s``, its requests on
+    those paths wait that long for their answer at least (a push of a thousand
+    messages with their objects takes the SuperLink more than Flower's 30 s when it
+    is loaded: the client then sent it again, the new push took the messages'
+    objects over from the first, whose carried objects were all refused and pushed
+    one request each)."""
     offered = [False]
     send = client.send
 
     def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
         path = request.url.path
+        if patience_s is not None and (path in pulls or path in pushes):
+            timeout = dict(request.extensions.get("timeout") or {})
+            timeout["read"] = max(timeout.get("read") or 0.0, patience_s)
+            request.extensions["timeout"] = timeout
         if path in pulls:
             LOCAL.received = {}
             if offered[0]:

@@ -109,7 +109,12 @@ class PollingGrid(Grid):
         client = getattr(getattr(grid, "_runtime_client", None), "_client", None)
         if client is not None and flower_gate.use("carried-objects"):
             # replies' objects in the poll's answer, messages' objects in their push
-            carry.attach(client, (carry.RUNTIME_PULL,), (carry.RUNTIME_PUSH,))
+            carry.attach(
+                client,
+                (carry.RUNTIME_PULL,),
+                (carry.RUNTIME_PUSH,),
+                patience_s=carry.RUNTIME_PATIENCE_S,
+            )
             self.carrying = True
             module = importlib.import_module(HTTP_GRID)
             nested = carry.gathering(module.get_all_nested_objects)

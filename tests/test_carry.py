@@ -76,6 +76,21 @@ def _client(answer: Any) -> tuple[httpx.Client, list[httpx.Request]]:
     return client, seen
 
 
+def test_a_patient_client_waits_long_for_its_pushes_and_polls_only() -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b"PB")
+
+    client = httpx.Client(transport=httpx.MockTransport(handle), base_url="http://sl", timeout=30.0)
+    carry.attach(client, ("/pull",), ("/push",), patience_s=600.0)
+    for path in ("/push", "/pull", "/heartbeat"):
+        client.post(path, content=b"REQ")
+    reads = [request.extensions["timeout"]["read"] for request in seen]
+    assert reads == [600.0, 600.0, 30.0]
+
+
 def test_a_client_asks_and_carries_only_once_offered_and_keeps_sound_objects() -> None:
     good, bad = b"content", b"tampered"
     offered = [False]
