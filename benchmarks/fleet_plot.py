@@ -63,7 +63,7 @@ def plot(series: dict[str, list[dict[str, Any]]], path: Path) -> None:
         xscale="log",
         xlabel="nodes N",
         ylabel="CPU s",
-        title="SuperLink + ServerApp per node-round",
+        title="SuperLink + ServerApp per node-round, from round 2",
     )
     right.set_ylim(bottom=0)
     left.set_ylim(bottom=0)
