@@ -329,13 +329,29 @@ class Federation:
         self.start_node(i)
         self.wait_online(len(self.node_configs))
 
-    def wait_online(self, count: int, timeout: float = 90) -> None:
+    def wait_online(self, count: int, timeout: float = 180) -> None:
+        """Until ``count`` SuperNodes are online (3 nodes starting their warm executors
+        on a loaded 2-core machine can take more than a minute); else an error that
+        names each node's status and ends with the log of each one not online."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.online_nodes() >= count:
                 return
             time.sleep(1)
-        raise TimeoutError(f"only {self.online_nodes()} of {count} SuperNodes online")
+        status = self.node_status()
+        lines, tails = [], []
+        for i in range(len(self.node_configs)):
+            nid = self.node_ids.get(i)
+            state = status.get(nid, "unknown") if nid is not None else "not registered here"
+            lines.append(f"supernode-{i}: {state}")
+            if state != "online":
+                log = self.workdir / "logs" / f"supernode-{i}.log"
+                text = log.read_text(errors="replace") if log.exists() else "(no log)"
+                tails.append(f"--- {log} (end) ---\n{text[-2000:]}")
+        raise TimeoutError(
+            f"only {sum(s == 'online' for s in status.values())} of {count} SuperNodes "
+            f"online after {timeout:g} s ({', '.join(lines)})\n" + "\n".join(tails)
+        )
 
     # ------------------------------------------------------------------ runs
     def run(
