@@ -241,17 +241,24 @@ class NodeIndexed(dict):  # type: ignore[type-arg]
         return iter(list(self.by_node.get(node_id, ())))
 
 
-def whole(store: Any, message_id: str) -> bool:
-    """Every object of message ``message_id`` is in the object ``store`` (Flower keeps a
-    registered object that has not arrived as empty content). A message the store does
-    not know is left to Flower's handler, which logs and deletes it."""
+def tree_ids(store: Any, message_id: str) -> list[str] | None:
+    """The ids of every object of message ``message_id`` in the object ``store``; None
+    for a message the store does not know."""
     objects = importlib.import_module(OBJECT_STORE)
     try:
         tree = store.get_object_tree(message_id)
     except objects.NoObjectInStoreError:
-        return True
+        return None
     iterate = importlib.import_module(INFLATABLE).iterate_object_tree
-    return all(store.get(node.object_id) for node in iterate(tree))
+    return [node.object_id for node in iterate(tree)]
+
+
+def whole(store: Any, message_id: str) -> bool:
+    """Every object of message ``message_id`` is in the object ``store`` (Flower keeps a
+    registered object that has not arrived as empty content). A message the store does
+    not know is left to Flower's handler, which logs and deletes it."""
+    ids = tree_ids(store, message_id)
+    return ids is None or all(store.get(object_id) for object_id in ids)
 
 
 def indexed_get_message_ins(
@@ -361,9 +368,7 @@ def release_in_database(state: Any, ids: list[str]) -> list[int]:
     nodes of the messages released."""
     from sqlalchemy import update
 
-    module = importlib.import_module(SQL_STATE)
-    model = module.MessageInsModel
-    unsigned = module.int64_to_uint64
+    model = importlib.import_module(SQL_STATE).MessageInsModel
     query = (
         update(model)
         .where(model.message_id.in_(ids), model.delivered_at != "")
@@ -371,14 +376,11 @@ def release_in_database(state: Any, ids: list[str]) -> list[int]:
         .returning(model.message_id, model.dst_node_id, model.created_at, model.ttl, model.run_id)
     )
     with state.session() as session:
-        rows = session.execute(query).all()
+        rows = entries(session.execute(query).all())
     index = undelivered(state)
-    nodes = []
-    for key, node, created, ttl, run in rows:
-        node_id = unsigned(int(node))
-        index.add(node_id, str(key), float(created) + float(ttl), unsigned(int(run)))
-        nodes.append(node_id)
-    return nodes
+    for key, node_id, until, run_id in rows:
+        index.add(node_id, key, until, run_id)
+    return [node_id for _, node_id, _, _ in rows]
 
 
 def released_on_failure(flowers: Callable[..., Any]) -> Callable[..., Any]:
@@ -400,19 +402,6 @@ def released_on_failure(flowers: Callable[..., Any]) -> Callable[..., Any]:
 
     pull_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
     return pull_messages
-
-
-def answered_ids(answer: Any) -> list[str]:
-    """The ids of the messages in a poll's answer (none for any other answer)."""
-    if answer.start.get("status") != 200:
-        return []
-    try:
-        pulled = importlib.import_module(FLEET_PB).PullMessagesResponse.FromString(
-            b"".join(answer.body)
-        )
-    except Exception:  # noqa: BLE001 - not a poll's answer
-        return []
-    return [msg.metadata.message_id for msg in pulled.messages_list]
 
 
 SQL_STATE = "flwr.server.superlink.linkstate.sql_linkstate"
@@ -595,14 +584,19 @@ def read_undelivered(state: Any) -> list[tuple[str, int, float, int]]:
     destination node, expiry as Unix time, run)``."""
     from sqlalchemy import select
 
-    module = importlib.import_module(SQL_STATE)
-    model = module.MessageInsModel
-    unsigned = module.int64_to_uint64
+    model = importlib.import_module(SQL_STATE).MessageInsModel
     query = select(
         model.message_id, model.dst_node_id, model.created_at, model.ttl, model.run_id
     ).where(model.delivered_at == "")
     with state.session() as session:
-        rows = session.execute(query).all()
+        return entries(session.execute(query).all())
+
+
+def entries(rows: Iterable[Any]) -> list[tuple[str, int, float, int]]:
+    """Database rows ``(message id, node, created_at, ttl, run)`` of instruction
+    messages as :class:`Undelivered` keeps them: ``(message id, node, expiry as Unix
+    time, run)``, ids unsigned as Flower hands them out."""
+    unsigned = importlib.import_module(SQL_STATE).int64_to_uint64
     return [
         (str(key), unsigned(int(node)), float(created) + float(ttl), unsigned(int(run)))
         for key, node, created, ttl, run in rows
@@ -614,13 +608,9 @@ def whole_in_database(store: Any, message_id: str) -> bool:
     not yet arrived (no object's content read)."""
     from sqlalchemy import func, select
 
-    objects = importlib.import_module(OBJECT_STORE)
-    try:
-        tree = store.get_object_tree(message_id)
-    except objects.NoObjectInStoreError:
+    ids = tree_ids(store, message_id)
+    if ids is None:
         return True
-    iterate = importlib.import_module(INFLATABLE).iterate_object_tree
-    ids = [node.object_id for node in iterate(tree)]
     stored = importlib.import_module(OBJECT_MODELS).StoredObject
     query = (
         select(func.count())
@@ -800,19 +790,26 @@ class NodeKeys:
 NODE_KEYS = NodeKeys()
 
 
+def replace_methods(cls: type, wraps: Iterable[tuple[str, Callable[..., Any]]]) -> None:
+    """Each method ``name`` of ``cls`` replaced by ``wrap(Flower's own)`` (Flower's own
+    found through ``__wrapped__`` once a wrapper replaced it)."""
+    for name, wrap in wraps:
+        flowers = cls.__dict__[name]
+        setattr(cls, name, wrap(getattr(flowers, "__wrapped__", flowers)))
+
+
 def database_reads() -> None:
     """Part ``superlink-database-reads``: the database state's run status reused for
     :data:`RUN_STATUS_S` (:func:`remembered_run_status`), its node ids by public key
     remembered (:class:`NodeKeys`)."""
-    cls = importlib.import_module(SQL_STATE).SqlLinkState
-    for name, wrap in (
-        ("get_run_status", remembered_run_status),
-        ("get_node_id_by_public_key", NODE_KEYS.lookup),
-        ("delete_node", NODE_KEYS.forgetting),
-    ):
-        flowers = cls.__dict__[name]
-        flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
-        setattr(cls, name, wrap(flowers))
+    replace_methods(
+        importlib.import_module(SQL_STATE).SqlLinkState,
+        (
+            ("get_run_status", remembered_run_status),
+            ("get_node_id_by_public_key", NODE_KEYS.lookup),
+            ("delete_node", NODE_KEYS.forgetting),
+        ),
+    )
 
 
 class Waiting:
@@ -971,7 +968,7 @@ class HeldPulls:
             gone.cancel()
         held = time.monotonic() - start
         if hung_up:  # while its answer was made: the messages in it stay undelivered
-            ids = answered_ids(answer)
+            ids = answer.message_ids()
             if ids:
                 await off_loop(release, [(s, i) for s in list(WAITING.states) for i in ids])
             return
@@ -1012,17 +1009,22 @@ class Answer:
         self.start: dict = {}
         self.body: list[bytes] = []
 
-    def empty(self) -> bool:
-        """A 200 answer to a poll with no message in it."""
+    def message_ids(self) -> list[str] | None:
+        """The ids of the messages in a 200 answer to a poll; None for any other
+        answer."""
         if self.start.get("status") != 200:
-            return False
+            return None
         try:
             pulled = importlib.import_module(FLEET_PB).PullMessagesResponse.FromString(
                 b"".join(self.body)
             )
         except Exception:  # noqa: BLE001 - not a poll's answer: send it as it is
-            return False
-        return not pulled.messages_list
+            return None
+        return [msg.metadata.message_id for msg in pulled.messages_list]
+
+    def empty(self) -> bool:
+        """A 200 answer to a poll with no message in it."""
+        return self.message_ids() == []
 
     async def send(self, send: Any, *headers: tuple[bytes, bytes]) -> None:
         await send(with_headers(self.start, headers))
@@ -1206,9 +1208,7 @@ def database_writes() -> None:
     """Part ``superlink-database-writes``: the database state's traffic records and
     held polls' heartbeats written together (:class:`DatabaseWrites`)."""
     cls = importlib.import_module(SQL_STATE).SqlLinkState
-    flowers = cls.__dict__["store_traffic"]
-    flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
-    cls.store_traffic = WRITES.traffic_recorder(flowers)
+    replace_methods(cls, (("store_traffic", WRITES.traffic_recorder),))
     beat = cls.__dict__["acknowledge_node_heartbeat"]
     WRITES.flowers["acknowledge_node_heartbeat"] = getattr(beat, "__wrapped__", beat)
     WRITES.on = True
@@ -1647,10 +1647,10 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
     its index (:func:`indexed_get_message_ins`); with part
     ``superlink-whole-messages`` (``whole_only``), only messages that have all their
     objects."""
-    cls = importlib.import_module(MEMORY_STATE).InMemoryLinkState
-    flowers = cls.__dict__["get_message_ins"]
-    flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
-    cls.get_message_ins = indexed_get_message_ins(flowers, whole_only)
+    replace_methods(
+        importlib.import_module(MEMORY_STATE).InMemoryLinkState,
+        (("get_message_ins", functools.partial(indexed_get_message_ins, whole_only=whole_only)),),
+    )
 
 
 BUSY_S = 20.0
@@ -1714,14 +1714,13 @@ def database_message_pulls(whole_only: bool = False) -> None:
     it has all its objects."""
     runtime = importlib.import_module(RUNTIME_HANDLERS)
     gate.replace(runtime, "push_object", objects_pushed(runtime.push_object))
-    cls = importlib.import_module(SQL_STATE).SqlLinkState
-    for name, wrap in (
-        ("store_message_ins", indexed_store_message_ins),
-        ("get_message_ins", functools.partial(database_get_message_ins, whole_only=whole_only)),
-    ):
-        flowers = cls.__dict__[name]
-        flowers = getattr(flowers, "__wrapped__", flowers)  # Flower's own, once replaced
-        setattr(cls, name, wrap(flowers))
+    replace_methods(
+        importlib.import_module(SQL_STATE).SqlLinkState,
+        (
+            ("store_message_ins", indexed_store_message_ins),
+            ("get_message_ins", functools.partial(database_get_message_ins, whole_only=whole_only)),
+        ),
+    )
 
 
 def env_seconds(name: str, default: float, low: float, high: float, whole: bool = False) -> float:
