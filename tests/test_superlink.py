@@ -572,7 +572,7 @@ def test_traffic_and_poll_heartbeats_are_written_together_and_kept_when_refused(
 
 
 def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
-    tmp_path: Any,
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Part superlink-database-reads: within the period Flower's read is not repeated
     (Flower's ``check_abort`` answers from the remembered status); a stopped run is
@@ -590,6 +590,8 @@ def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
         reads.append(set(run_ids))
         return flowers(self, run_ids)
 
+    clock = [1000.0]  # the period measured on a clock of the test's, not the machine's
+    monkeypatch.setattr(sl.time, "monotonic", lambda: clock[0])
     remembered = sl.remembered_run_status(counted, seconds=0.5)
     state.get_run_status = remembered.__get__(state)
     assert check_abort(run_id, [Status.FINISHED], state) is None
@@ -597,7 +599,9 @@ def test_a_runs_status_is_read_once_a_period_and_a_stop_seen_after_it(
     assert reads == [{run_id}]
     assert state.stop_run(run_id)
     assert check_abort(run_id, [Status.FINISHED], state) is None  # within the period
-    time.sleep(0.55)
+    clock[0] += 0.4
+    assert check_abort(run_id, [Status.FINISHED], state) is None  # still within
+    clock[0] += 0.2
     assert check_abort(run_id, [Status.FINISHED], state) is not None
     assert len(reads) == 2
 
