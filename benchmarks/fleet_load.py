@@ -192,7 +192,13 @@ class EmulatedFederation(CountingFederation):
         return self.workdir / "logs" / f"emulator-{p}.json"
 
     def emulator_stats(self) -> dict[str, Any]:
-        total: dict[str, Any] = {"handled": {}, "errors": [], "online": 0, "connections": 0}
+        total: dict[str, Any] = {
+            "handled": {},
+            "errors": [],
+            "online": 0,
+            "connections": 0,
+            "polls": {},
+        }
         for path in sorted((self.workdir / "logs").glob("emulator-*.json")):
             with contextlib.suppress(OSError, ValueError):
                 data = json.loads(path.read_text())
@@ -201,6 +207,8 @@ class EmulatedFederation(CountingFederation):
                 total["errors"] += data["errors"]
                 total["online"] += data["online"]
                 total["connections"] += data.get("connections", 0)
+                for k, v in data.get("polls", {}).items():
+                    total["polls"][k] = total["polls"].get(k, 0) + v
         return total
 
 
@@ -305,6 +313,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     row["requests-per-node-round"] = sum(row["requests"].values()) / node_rounds
     if not args.real:  # connections the emulated nodes opened, each a TCP + TLS handshake
         row["node-connections-per-node-round"] = emulated["connections"] / node_rounds
+        polls = emulated["polls"]  # the nodes' polls by outcome (whole run)
+        count = sum(v for k, v in polls.items() if k != "held-s")
+        row["node-polls-per-node-round"] = {
+            k: v / node_rounds for k, v in sorted(polls.items()) if k != "held-s"
+        }
+        row["node-poll-mean-held-s"] = polls.get("held-s", 0.0) / count if count else None
     row["requests-per-node-round-by-kind"] = {
         k: v / node_rounds for k, v in row["requests"].items()
     }

@@ -128,6 +128,7 @@ class Stats:
             "online": 0,
             "connect-s": [],
             "connections": 0,
+            "polls": {},
         }
 
     def connection(self) -> None:
@@ -138,6 +139,15 @@ class Stats:
     def add(self, kind: str) -> None:
         with self.lock:
             self.data["handled"][kind] = self.data["handled"].get(kind, 0) + 1
+
+    def poll(self, got_message: bool, held_s: float) -> None:
+        """A poll's outcome: a message, or empty after a hold of a second or more
+        (``empty-held``) or at once (``empty-at-once``)."""
+        kind = "message" if got_message else "empty-held" if held_s >= 1.0 else "empty-at-once"
+        with self.lock:
+            polls = self.data["polls"]
+            polls[kind] = polls.get(kind, 0) + 1
+            polls["held-s"] = polls.get("held-s", 0.0) + held_s
 
     def error(self, text: str) -> None:
         with self.lock:
@@ -173,7 +183,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     from flwr.supernode.nodestate import NodeStateFactory
 
     from cli.pacing import LOAD
-    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch
+    from cli.supernode import FLOWER_IDLE_PULL_S, Inbox, PacedSleep, RunWatch, held_s
     from common.packing import is_packed, pack, unpack
 
     loop = importlib.import_module(SUPERNODE)
@@ -205,6 +215,13 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
         node_id, receive, send, get_run, get_fab, pull_object, push_object, confirm = conn
         state.set_node_id(node_id)
         stats.online(time.monotonic() - t0)
+        poll = receive
+
+        def receive() -> Any:
+            got = poll()
+            stats.poll(got is not None, held_s())
+            return got
+
         while True:
             run_id = watch.pull(
                 state=state,

@@ -108,27 +108,29 @@ class CountRequests:
 
 
 def _write_counts(path: Path) -> None:
+    """Every 0.2 s, for as long as the process runs: a failed write (e.g. the folder
+    removed) is tried again, and the file never holds a partial write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     while True:
         with CountRequests.lock:
             text = json.dumps(CountRequests.counts)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError as exc:
+            print(f"server_cost: request counts not written to {path}: {exc}", file=sys.stderr)
         time.sleep(0.2)
 
 
 def run_counting_superlink(counts: Path, argv: list[str]) -> None:
     """``fedhet superlink argv`` (:mod:`cli.superlink`) with :class:`CountRequests`
     outermost, its counts written to ``counts`` (JSON) every 0.2 s."""
-    import flwr.superlink.extensions as extensions
     from starlette.middleware import Middleware
 
     from cli.superlink import run_superlink
 
-    stock = extensions.get_middleware
-    extensions.get_middleware = lambda: (Middleware(CountRequests), *stock())  # type: ignore[assignment]
     threading.Thread(target=_write_counts, args=(counts,), daemon=True).start()
-    run_superlink(argv)
+    run_superlink(argv, outermost=[Middleware(CountRequests)])
 
 
 def read_counts(path: Path) -> dict[str, int]:

@@ -95,6 +95,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -443,6 +444,9 @@ class Undelivered:
         """Message -> (its node, the objects its sender was asked to push)."""
         self.awaiting: dict[str, set[str]] = {}
         """Object -> the messages in :attr:`missing` waiting for it."""
+        self.arriving: dict[str, int] = {}
+        """Message -> how many carried pushes of it are being stored (not whole until
+        their answers say which objects are left: :func:`learn_wholeness`)."""
         self.read_at: float | None = None
         """When the last read from the database began (``time.monotonic()``)."""
 
@@ -488,6 +492,24 @@ class Undelivered:
             waiting.discard(message_id)
             if not waiting:
                 del self.awaiting[object_id]
+
+    @contextlib.contextmanager
+    def storing(self, message_ids: Iterable[str]) -> Iterator[None]:
+        """Messages ``message_ids`` are stored by a carried push while the block runs:
+        not whole meanwhile, and no query asks (a poll woken as Flower commits each
+        message would otherwise find its objects still on their way)."""
+        message_ids = list(message_ids)
+        with self.lock:
+            for key in message_ids:
+                self.arriving[key] = self.arriving.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                for key in message_ids:
+                    left = self.arriving.pop(key, 1) - 1
+                    if left > 0:
+                        self.arriving[key] = left
 
     def expect(self, node_id: int, message_id: str, missing: set[str]) -> None:
         """Message ``message_id`` (for ``node_id``) lacks the objects ``missing``, which
@@ -549,11 +571,12 @@ class Undelivered:
 
     def is_whole(self, store: Any, message_id: str) -> bool:
         """Every object of ``message_id`` is in the database's object ``store`` (known
-        without a query once a carried push stored them all, or while its sender
-        still has some to push: :meth:`expect`)."""
+        without a query once a carried push stored them all, while its sender still
+        has some to push: :meth:`expect`, and while a carried push stores it:
+        :meth:`storing`)."""
         if message_id in self.whole:
             return True
-        if message_id in self.missing:
+        if message_id in self.missing or message_id in self.arriving:
             return False
         if not whole_in_database(store, message_id):
             return False
@@ -1301,6 +1324,11 @@ class CarriedObjects:
     push that carries objects (:data:`carry.CARRIED`) reaches Flower's stack as its
     protobuf alone, its objects in the box. Every answer names :data:`carry.OFFER`."""
 
+    confirms = False
+    """Confirmations are taken along (part ``superlink-carried-confirmations``):
+    every answer names :data:`carry.CONFIRMS`, and a confirmation's
+    :data:`carry.CONFIRMED` ids reach its handler (:data:`CONFIRMING`)."""
+
     def __init__(self, app: ASGIApp, budget: int) -> None:
         self.app = app
         self.budget = budget
@@ -1310,21 +1338,26 @@ class CarriedObjects:
             await self.app(scope, receive, send)
             return
         path = scope.get("path")
-        offer = (carry.OFFER.encode(), b"1")
+        offers: tuple[tuple[bytes, bytes], ...] = ((carry.OFFER.encode(), b"1"),)
+        if self.confirms:
+            offers = (*offers, (carry.CONFIRMS.encode(), b"1"))
+            if path in (carry.FLEET_CONFIRM, carry.RUNTIME_CONFIRM):
+                await self._confirm(scope, receive, send, offers)
+                return
         if (
             path in (carry.FLEET_PULL, carry.RUNTIME_PULL)
             and header(scope, carry.ASK.encode()) == b"1"
         ):
-            await self._pull(scope, receive, send, offer)
+            await self._pull(scope, receive, send, offers)
             return
         length = header(scope, carry.CARRIED.encode())
         if path in (carry.FLEET_PUSH, carry.RUNTIME_PUSH) and length is not None:
-            await self._push(scope, receive, send, length, offer)
+            await self._push(scope, receive, send, length, offers)
             return
 
-        await self.app(scope, receive, starting_with(send, (offer,)))
+        await self.app(scope, receive, starting_with(send, offers))
 
-    async def _pull(self, scope: dict, receive: Any, send: Any, offer: tuple) -> None:
+    async def _pull(self, scope: dict, receive: Any, send: Any, offers: tuple) -> None:
         box = Box(self.budget)
         start: dict = {}
         chunks: list[bytes] = []
@@ -1341,11 +1374,11 @@ class CarriedObjects:
             if message.get("more_body"):
                 return
             proto = b"".join(chunks)
-            headers: tuple = (offer,)
+            headers: tuple = offers
             body = proto
             if start.get("status") == 200 and box.out:
                 body = carry.frame(proto, box.out)
-                headers = (offer, (carry.CARRIED.encode(), b"%d" % len(proto)))
+                headers = (*offers, (carry.CARRIED.encode(), b"%d" % len(proto)))
             kept = [h for h in start.get("headers", ()) if h[0].lower() != b"content-length"]
             await send(
                 with_headers(
@@ -1361,25 +1394,13 @@ class CarriedObjects:
             BOX.reset(token)
 
     async def _push(
-        self, scope: dict, receive: Any, send: Any, length: bytes, offer: tuple
+        self, scope: dict, receive: Any, send: Any, length: bytes, offers: tuple
     ) -> None:
         body = await read_body(receive)
         try:
             proto, objects = carry.unframe(body, int(length))
         except ValueError as exc:
-            text = json.dumps({"detail": str(exc)}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", b"%d" % len(text)),
-                        offer,
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": text})
+            await refused(send, str(exc), offers)
             return
         skip = (b"content-length", carry.CARRIED.encode())
         headers = [h for h in scope.get("headers", ()) if h[0].lower() not in skip]
@@ -1395,9 +1416,88 @@ class CarriedObjects:
 
         token = BOX.set(Box(incoming=objects))
         try:
-            await self.app(inner, replay, starting_with(send, (offer,)))
+            await self.app(inner, replay, starting_with(send, offers))
         finally:
             BOX.reset(token)
+
+    async def _confirm(self, scope: dict, receive: Any, send: Any, offers: tuple) -> None:
+        """A confirmation (Fleet or Runtime): the ids its :data:`carry.CONFIRMED` names
+        reach its handler (:data:`CONFIRMING`); a header that is not such a list is
+        refused (400, naming it)."""
+        text = header(scope, carry.CONFIRMED.encode())
+        ids: tuple[str, ...] = ()
+        if text:
+            ids = tuple(text.decode("latin-1").split(","))
+            if len(ids) > carry.CONFIRMED_MAX or not all(OBJECT_ID.fullmatch(i) for i in ids):
+                await refused(
+                    send,
+                    f"{carry.CONFIRMED}: at most {carry.CONFIRMED_MAX} comma-separated "
+                    "object ids (64 hexadecimal digits) expected",
+                    offers,
+                )
+                return
+        token = CONFIRMING.set(ids)
+        try:
+            await self.app(scope, receive, starting_with(send, offers))
+        finally:
+            CONFIRMING.reset(token)
+
+
+async def refused(send: Any, detail: str, offers: tuple) -> None:
+    """A 400 answer naming ``detail``."""
+    text = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(text)),
+                *offers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": text})
+
+
+OBJECT_ID = re.compile(r"[0-9a-f]{64}")
+"""A Flower object id (SHA-256, hexadecimal)."""
+
+CONFIRMING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "fedhet_confirming", default=()
+)
+"""The further messages a confirmation request confirms (:data:`carry.CONFIRMED`)."""
+
+
+def confirming_along(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's ``confirm_message_received(request, state, store_or_task)`` (Fleet or
+    Runtime) that also confirms, with the same handler and the same caller, each
+    further message the request's :data:`carry.CONFIRMED` names."""
+
+    def confirm_message_received(request: Any, *args: Any, **kwargs: Any) -> Any:
+        response = flowers(request, *args, **kwargs)
+        for message_id in CONFIRMING.get():
+            more = type(request)()
+            more.CopyFrom(request)
+            more.message_object_id = message_id
+            flowers(more, *args, **kwargs)
+        return response
+
+    confirm_message_received.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return confirm_message_received
+
+
+def carried_confirmations() -> None:
+    """Part ``superlink-carried-confirmations``: :class:`CarriedObjects` offers it and
+    Flower's Fleet and Runtime confirmation handlers confirm what a request names."""
+    for name in (FLEET_HANDLERS, RUNTIME_HANDLERS):
+        module = importlib.import_module(name)
+        gate.replace(
+            module,
+            "confirm_message_received",
+            confirming_along(gate.original(module, "confirm_message_received")),
+        )
+    CarriedObjects.confirms = True
 
 
 def carried_out(
@@ -1551,8 +1651,12 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
         if box is None or not box.incoming:
             return respond()
         push = functools.partial(handlers.push_object, state=state, task=task)
-        response = stored_carried(respond, box, push, superlink_node(), task.run_id)
-        learn_wholeness(request, response)
+        keys = [msg.metadata.message_id for msg in request.messages_list]
+        with contextlib.ExitStack() as marks:
+            for index in list(UNDELIVERED.values()):
+                marks.enter_context(index.storing(keys))
+            response = stored_carried(respond, box, push, superlink_node(), task.run_id)
+            learn_wholeness(request, response)
         return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
@@ -1817,8 +1921,10 @@ def keep_alive(seconds: int) -> None:
     in_front([Middleware(AnswerHeaders, keep_alive_header(seconds))])
 
 
-def run_superlink(argv: list[str]) -> None:
-    """Apply the parts that fit, then Flower's ``flower-superlink`` with ``argv``."""
+def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
+    """Apply the parts that fit, then Flower's ``flower-superlink`` with ``argv``;
+    ``outermost``: middleware in front of all the parts' (a benchmark's request
+    counter sees each HTTP request once, not a held poll's answers to its wakes)."""
     gate.use("superlink-entry")
     # a bad value stops here, before anything starts
     seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
@@ -1841,8 +1947,12 @@ def run_superlink(argv: list[str]) -> None:
         held_pulls(hold)
     if budget > 0 and gate.use("superlink-carried-objects"):
         carried_objects(budget)
+        if gate.use("superlink-carried-confirmations"):
+            carried_confirmations()
     if (memory or database) and gate.use("superlink-released-claims"):
         released_claims()
+    if outermost:
+        in_front(outermost)
     sys.argv = ["flower-superlink", *argv]
     importlib.import_module("flwr.superlink.cli").flower_superlink()
 

@@ -16,6 +16,11 @@ SuperLink requests per node-round at a thousand nodes (docs/deployment.md).
   the SuperLink asks for stored by Flower's own ``push_object`` handler, and the
   answer asks for none of those.
 
+It also takes confirmations along (its answers name :data:`CONFIRMS`): the ServerApp
+confirms the replies of one pull in one request (:class:`Confirmations`), the first
+as Flower does and the others' ids in :data:`CONFIRMED`, each confirmed by Flower's
+own handler.
+
 The body is the request's or answer's protobuf (its length in :data:`CARRIED`)
 followed by frames ``>HQ`` (id length, content length), id, content. A client keeps
 what an answer carried for its thread (:data:`LOCAL`) and :func:`pulls` takes an
@@ -33,7 +38,9 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from logging import WARNING
 from typing import Any
 
 OFFER = "x-fedhet-carries"
@@ -42,6 +49,14 @@ ASK = "x-fedhet-carry"
 """A poll whose answer may carry its messages' objects (value ``1``)."""
 CARRIED = "x-fedhet-carried"
 """The length of the protobuf at the start of a body that carries objects."""
+CONFIRMS = "x-fedhet-confirms"
+"""Every answer of a SuperLink that takes confirmations along names it (value ``1``)."""
+CONFIRMED = "x-fedhet-confirmed"
+"""A confirmation request's header: the ids of further messages it confirms (comma
+separated, at most :data:`CONFIRMED_MAX`)."""
+CONFIRMED_MAX = 1000
+FLEET_CONFIRM = "/v1/fleet/confirm-message-received"
+RUNTIME_CONFIRM = "/v1/runtime/confirm-message-received"
 FLEET_PULL = "/v1/fleet/pull-messages"
 FLEET_PUSH = "/v1/fleet/push-messages"
 RUNTIME_PULL = "/v1/runtime/pull-messages"
@@ -116,6 +131,8 @@ class _Local(threading.local):
         self.outgoing: list[tuple[str, bytes]] | dict[str, Any] | None = None
         """What this thread's next push carries: ``(id, content)`` pairs, or Flower's
         objects by id (deflated as the push is sent)."""
+        self.confirmed: list[str] | None = None
+        """The further messages this thread's next confirmation confirms."""
 
 
 LOCAL = _Local()
@@ -136,10 +153,13 @@ def attach(
     objects over from the first, whose carried objects were all refused and pushed
     one request each)."""
     offered = [False]
+    offers = OFFERS.setdefault(client, {"confirms": False})
     send = client.send
 
     def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
         path = request.url.path
+        if path in (FLEET_CONFIRM, RUNTIME_CONFIRM) and LOCAL.confirmed:
+            request.headers[CONFIRMED] = ",".join(LOCAL.confirmed)
         if patience_s is not None and (path in pulls or path in pushes):
             timeout = dict(request.extensions.get("timeout") or {})
             timeout["read"] = max(timeout.get("read") or 0.0, patience_s)
@@ -154,6 +174,7 @@ def attach(
                 request = _carrying(client, request, outgoing)
         response = send(request, *args, **kwargs)
         offered[0] = response.headers.get(OFFER) == "1"
+        offers["confirms"] = response.headers.get(CONFIRMS) == "1"
         length = response.headers.get(CARRIED)
         if length is not None and response.is_success and path in pulls:
             proto, objects = unframe(response.content, int(length))
@@ -162,6 +183,56 @@ def attach(
         return response
 
     client.send = sending
+
+
+OFFERS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+"""What the SuperLink's last answer to each attached ``httpx.Client`` offered besides
+carried objects (``confirms``: :data:`CONFIRMS`)."""
+
+
+class Confirmations:
+    """A Runtime client's ``ConfirmMessageReceived(request)`` (Flower's ServerApp
+    confirms each reply it pulled, a request each), gathered while the SuperLink
+    takes confirmations along (:data:`CONFIRMS`): each is kept and answered at once,
+    and :meth:`flush` (after each pull of replies) sends them in one request, the
+    first as Flower's and the others' ids in :data:`CONFIRMED`. A SuperLink that
+    does not offer it gets Flower's request for each, as before."""
+
+    def __init__(self, confirm: Callable[[Any], Any], client: Any, answer: Callable[[], Any]):
+        self.confirm, self.client, self.answer = confirm, client, answer
+        self.kept: list[Any] = []
+        self.lock = threading.Lock()
+
+    def offered(self) -> bool:
+        return OFFERS.get(self.client, {}).get("confirms", False)
+
+    def __call__(self, request: Any) -> Any:
+        if not self.offered():
+            return self.confirm(request)
+        with self.lock:
+            self.kept.append(request)
+        return self.answer()
+
+    def flush(self) -> int:
+        """Send what was kept; the number of requests it took. One that fails is
+        logged and not raised: the SuperLink deletes a run's objects when it ends."""
+        with self.lock:
+            kept, self.kept = self.kept, []
+        sent = 0
+        while kept:
+            size = CONFIRMED_MAX + 1 if self.offered() else 1
+            batch, kept = kept[:size], kept[size:]
+            LOCAL.confirmed = [r.message_object_id for r in batch[1:]]
+            try:
+                self.confirm(batch[0])
+            except Exception as exc:  # noqa: BLE001 - cleanup only: the replies are in
+                from flwr.common.logger import log
+
+                log(WARNING, "fedhet: %d message(s) not confirmed: %s", len(batch), exc)
+            finally:
+                LOCAL.confirmed = None
+            sent += 1
+        return sent
 
 
 def _carrying(client: Any, request: Any, objects: Any) -> Any:

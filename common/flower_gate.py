@@ -460,6 +460,21 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-carried-confirmations",
+        "with superlink-carried-objects, a confirmation (node or ServerApp) may name "
+        "further messages it confirms, each confirmed by Flower's own handler for the "
+        "same caller (Flower: a request per message)",
+        (
+            "flwr.superlink.routers.fleet.router:fleet_confirm_message_received",
+            "flwr.supercore.routers.runtime.router:confirm_message_received",
+            "flwr.superlink.servicer.fleet.fleet_handlers:confirm_message_received",
+            "flwr.superlink.servicer.runtime.runtime_handlers:confirm_message_received",
+            "flwr.proto.message_pb2:ConfirmMessageReceivedRequest",
+        ),
+        "a confirmation per message",
+        "superlink",
+    ),
+    Part(
         "carried-objects",
         "a node's polls ask for their message's objects in the answer and its pushes "
         "carry the reply's; the ServerApp's reply pulls ask for theirs (when the "
@@ -481,6 +496,20 @@ PARTS: tuple[Part, ...] = (
         ),
         "a request per object",
         "supernode, serverapp",
+    ),
+    Part(
+        "carried-confirmations",
+        "with carried-objects, the replies one pull of the ServerApp brought are "
+        "confirmed in one request (when the SuperLink offers it; Flower: a request per "
+        "reply)",
+        (
+            "flwr.superlink.grid.http_grid:HttpGrid.pull_messages",
+            "flwr.superlink.grid.http_grid:HttpGrid._runtime_client",
+            "flwr.supercore.runtime.runtime_http_client:RuntimeHttpClient.ConfirmMessageReceived",
+            "flwr.proto.message_pb2:ConfirmMessageReceivedResponse",
+        ),
+        "a confirmation per reply",
+        "serverapp",
     ),
 )
 """Every change, in the order a deployment applies them."""
@@ -548,6 +577,8 @@ def _text(obj: Any) -> str:
     obj = getattr(obj, "__wrapped__", obj)
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
+    if isinstance(obj, property) and obj.fget is not None:  # its getter's source
+        obj = obj.fget
     if inspect.ismodule(obj):
         return f"module {obj.__name__}"
     if isinstance(obj, (set, frozenset)):  # its repr's order changes with the hash seed

@@ -42,6 +42,7 @@ from common.packing import PackingError, is_packed, pack, unpack
 
 REPLY_POLLS = ("informed", "fixed", "flower")
 HTTP_GRID = "flwr.superlink.grid.http_grid"
+MESSAGE_PB = "flwr.proto.message_pb2"
 LEAD = 0.8
 """Fast polls start at this share of the phase's expected time to its last reply."""
 GROWTH = 0.05
@@ -106,6 +107,8 @@ class PollingGrid(Grid):
         """When the phase in progress gives up (``round-timeout``; monotonic seconds)."""
         self.carrying = False
         """Pushes carry their messages' objects (part ``carried-objects``)."""
+        self.confirmations: carry.Confirmations | None = None
+        """The replies a pull confirms, in one request (part ``carried-confirmations``)."""
         client = getattr(getattr(grid, "_runtime_client", None), "_client", None)
         if client is not None and flower_gate.use("carried-objects"):
             # replies' objects in the poll's answer, messages' objects in their push
@@ -116,6 +119,14 @@ class PollingGrid(Grid):
                 patience_s=carry.RUNTIME_PATIENCE_S,
             )
             self.carrying = True
+            if flower_gate.use("carried-confirmations"):  # a pull's replies, one request
+                runtime = grid._runtime_client  # type: ignore[attr-defined]
+                self.confirmations = carry.Confirmations(
+                    runtime.ConfirmMessageReceived,
+                    client,
+                    importlib.import_module(MESSAGE_PB).ConfirmMessageReceivedResponse,
+                )
+                runtime.ConfirmMessageReceived = self.confirmations
             module = importlib.import_module(HTTP_GRID)
             nested = carry.gathering(module.get_all_nested_objects)
             flower_gate.replace(module, "get_all_nested_objects", nested)
@@ -165,6 +176,8 @@ class PollingGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = list(self._grid.pull_messages(message_ids))
+        if self.confirmations is not None:
+            self.confirmations.flush()
         if not self.pack:
             return replies
         return [self._unpacked(reply) for reply in replies]
@@ -194,7 +207,11 @@ class PollingGrid(Grid):
         """Push, then pull (by :attr:`mode`) until every reply is in or ``timeout``
         (seconds, None: no limit) has passed."""
         if self.mode == "flower":
-            return self._grid.send_and_receive(messages, timeout=timeout)
+            try:
+                return self._grid.send_and_receive(messages, timeout=timeout)
+            finally:
+                if self.confirmations is not None:
+                    self.confirmations.flush()
         messages = list(messages)
         kind = str(messages[0].metadata.message_type).split(".")[0] if messages else ""
         expected = self.expected.get(kind) if self.mode == "informed" else None

@@ -345,3 +345,187 @@ def test_a_bad_carry_budget_is_refused_naming_the_variable(
     assert carry.budget() == 2**19
     monkeypatch.delenv("FEDHET_CARRY_MB")
     assert carry.budget() == 64 * 2**20
+
+
+# ------------------------------------------------------------------ confirmations
+def test_a_pulls_confirmations_go_in_one_request_once_offered() -> None:
+    """Part carried-confirmations: before the SuperLink offers it each confirmation
+    is Flower's request; after, they are kept (answered at once) and one request
+    confirms them all, the others' ids in its header; a failed one is not raised."""
+    from types import SimpleNamespace
+
+    offered = [False]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={carry.CONFIRMS: "1"} if offered[0] else {})
+
+    client, seen = _client(answer)
+
+    def confirm(request: Any) -> str:  # Flower's ConfirmMessageReceived, one id
+        client.post(carry.RUNTIME_CONFIRM, content=request.message_object_id.encode())
+        return "Flower's answer"
+
+    confirmations = carry.Confirmations(confirm, client, lambda: "kept")
+    ask = [SimpleNamespace(message_object_id=c * 64) for c in "abc"]
+    assert confirmations(ask[0]) == "Flower's answer" and len(seen) == 1  # not offered yet
+    offered[0] = True
+    client.post("/pull")
+    assert [confirmations(a) for a in ask] == ["kept"] * 3 and len(seen) == 2
+    assert confirmations.flush() == 1
+    sent = seen[-1]
+    assert sent.content == b"a" * 64 and sent.headers[carry.CONFIRMED] == f"{'b' * 64},{'c' * 64}"
+    assert carry.LOCAL.confirmed is None and confirmations.flush() == 0
+    client.post(carry.RUNTIME_CONFIRM)  # a confirmation of its own names nothing more
+    assert carry.CONFIRMED not in seen[-1].headers
+
+    def failing(request: Any) -> None:
+        raise httpx.ConnectError("down")
+
+    broken = carry.Confirmations(failing, client, lambda: "kept")
+    broken(ask[0])
+    assert broken.flush() == 1 and carry.LOCAL.confirmed is None  # logged, not raised
+
+
+def test_the_superlink_confirms_each_message_a_confirmation_names() -> None:
+    """Part superlink-carried-confirmations: Flower's handler runs for the request and
+    again, with the same caller, for each further id (:data:`sl.CONFIRMING`)."""
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
+
+    calls: list[tuple[str, Any]] = []
+
+    def flowers(request: Any, state: Any, task: Any) -> str:
+        calls.append((request.message_object_id, task))
+        return "answer"
+
+    confirm = sl.confirming_along(flowers)
+    request = ConfirmMessageReceivedRequest(run_id=7, message_object_id="a" * 64)
+    token = sl.CONFIRMING.set(("b" * 64, "c" * 64))
+    try:
+        assert confirm(request, "state", "task") == "answer"
+    finally:
+        sl.CONFIRMING.reset(token)
+    assert calls == [("a" * 64, "task"), ("b" * 64, "task"), ("c" * 64, "task")]
+    assert request.message_object_id == "a" * 64  # the request itself untouched
+    calls.clear()
+    confirm(request, "state", "task")  # no header: Flower's alone
+    assert calls == [("a" * 64, "task")]
+
+
+@pytest.mark.parametrize("superlink", [True], indirect=True, ids=["fedhet"])
+def test_a_nodes_confirmation_deletes_the_messages_it_names_and_a_bad_list_is_refused(
+    superlink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Flower's own node connection and SuperLink stack: one confirmation
+    naming another message deletes both messages' objects (a third stays); a header
+    that is not a list of object ids is refused with 400 naming it."""
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+    )
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.servicer.fleet import fleet_handlers
+    from flwr.superlink.servicer.runtime import runtime_handlers
+    from flwr.supernode import fleet_http_connection as conn
+
+    for module in (fleet_handlers, runtime_handlers):
+        name = "confirm_message_received"
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(sl.CarriedObjects, "confirms", False)
+    sl.carried_confirmations()
+    port, state, _ = superlink
+    flowers_client = conn.FleetHttpClient
+
+    class Attached(flowers_client):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            carry.attach(self._client, ("/v1/fleet/pull-messages",), ("/v1/fleet/push-messages",))
+
+    monkeypatch.setattr(conn, "FleetHttpClient", Attached)
+    monkeypatch.setattr(fleet_handlers, "check_abort", lambda *a, **k: None)  # a running run
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None, "serverapp")
+    store = state.object_store
+    with conn.http_request_response(f"127.0.0.1:{port}", insecure=True) as (
+        node_id,
+        *_,
+        confirm,
+    ):
+        ids = []
+        saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+        TaskIdentity.task_id, TaskIdentity.run_id = 1, run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        try:  # three messages as the ServerApp's task stores them
+            for k in range(3):
+                content = RecordDict({"w": ArrayRecord([np.full(3, k, dtype=np.float32)])})
+                sent = Message(content, dst_node_id=node_id, message_type="train", ttl=600)
+                sent.metadata.__dict__["_message_id"] = sent.object_id
+                assert state.store_message_ins(sent)
+                store.preregister(run_id, get_object_tree(sent))
+                for object_id, obj in get_all_nested_objects(sent).items():
+                    store.put(object_id, obj.deflate())
+                ids.append(sent.object_id)
+        finally:
+            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+        carry.LOCAL.confirmed = [ids[1]]
+        try:
+            confirm(run_id, ids[0])
+        finally:
+            carry.LOCAL.confirmed = None
+    assert store.get(ids[0]) is None and store.get(ids[1]) is None
+    assert store.get(ids[2])  # not named: kept
+    bad = httpx.post(
+        f"http://127.0.0.1:{port}{carry.FLEET_CONFIRM}",
+        content=b"",
+        headers={carry.CONFIRMED: "not-an-id"},
+    )
+    assert bad.status_code == 400 and carry.CONFIRMED in bad.json()["detail"]
+
+
+def test_the_serverapps_pull_confirms_its_replies_in_one_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """server_app.grid.PollingGrid with part carried-confirmations: the confirmations
+    Flower's grid makes while it pulls replies go out in one request after the pull."""
+    from types import SimpleNamespace
+
+    import flwr.superlink.grid.http_grid as module
+
+    from common import flower_gate as gate
+    from server_app.grid import PollingGrid
+
+    monkeypatch.setitem(module.__dict__, gate.ORIGINALS, dict(getattr(module, gate.ORIGINALS, {})))
+    for name in ("get_all_nested_objects", "pull_objects"):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        request.read()
+        seen.append(request)
+        return httpx.Response(200, headers={carry.OFFER: "1", carry.CONFIRMS: "1"})
+
+    client = httpx.Client(transport=httpx.MockTransport(handle), base_url="http://sl")
+
+    class Runtime:  # Flower's Runtime client: a request per confirmation
+        _client = client
+
+        def ConfirmMessageReceived(self, request: Any) -> str:  # noqa: N802 - Flower's name
+            client.post(carry.RUNTIME_CONFIRM, content=request.message_object_id.encode())
+            return "Flower's answer"
+
+    class Inner:  # Flower's grid: each reply pulled is confirmed
+        _runtime_client = Runtime()
+
+        def pull_messages(self, message_ids: Any) -> list[Any]:
+            for key in message_ids:
+                self._runtime_client.ConfirmMessageReceived(SimpleNamespace(message_object_id=key))
+            return []
+
+    grid = PollingGrid(Inner(), mode="fixed")  # type: ignore[arg-type]
+    client.post(carry.RUNTIME_PULL)  # the SuperLink's offer is known
+    grid.pull_messages(["a" * 64, "b" * 64, "c" * 64])
+    confirms = [r for r in seen if r.url.path == carry.RUNTIME_CONFIRM]
+    assert len(confirms) == 1 and confirms[0].content == b"a" * 64
+    assert confirms[0].headers[carry.CONFIRMED] == f"{'b' * 64},{'c' * 64}"

@@ -87,3 +87,7 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
     # at N = 1,000)
     assert not {"fleet/pull-object", "fleet/push-object"} & set(row["requests"]), row["requests"]
     assert row["server-cpu-s"] > 0 and row["superlink-peak-sockets"] > 0
+    # the SuperLink counts each HTTP request once: no more polls than the nodes made
+    # (a held poll's answers to its wakes are not requests)
+    polls = sum(row["node-polls-per-node-round"].values()) * 3 * 2
+    assert 0 < row["requests"]["fleet/pull-messages"] <= round(polls), (row["requests"], polls)

@@ -454,6 +454,43 @@ def test_a_message_a_carried_push_stored_whole_is_known_whole_without_a_query(
     assert index.is_whole(None, order[0])  # no store asked
 
 
+def test_messages_a_carried_push_is_storing_are_not_whole_and_ask_no_query(
+    database: Any,
+) -> None:
+    """While Flower stores the messages of the ServerApp's carried push (each commit
+    wakes its node's held poll), they are not whole and no query asks (their objects
+    are stored after the messages); once the answer says none is left, whole."""
+    from types import SimpleNamespace
+
+    from flwr.proto.message_pb2 import ObjectTree
+
+    _, ours, *_ = database
+    state, nodes, _, order, _ = ours
+    index = sl.undelivered(state)
+    request = SimpleNamespace(
+        messages_list=[
+            SimpleNamespace(metadata=SimpleNamespace(message_id=key, dst_node_id=nodes[0]))
+            for key in order[:2]
+        ],
+        message_object_trees=[ObjectTree(object_id=key) for key in order[:2]],
+    )
+    during: list[bool] = []
+
+    def flowers(request: Any, state: Any, task: Any) -> Any:
+        during.extend(index.is_whole(None, key) for key in order[:2])  # no store to ask
+        return SimpleNamespace(message_ids=list(order[:2]), objects_to_push=[], session_id="s")
+
+    push = sl.runtime_pushes_carried(flowers)
+    token = sl.BOX.set(sl.Box(incoming={"unused": b""}))
+    try:
+        push(request, state, SimpleNamespace(run_id=1))
+    finally:
+        sl.BOX.reset(token)
+    assert during == [False, False]
+    assert index.is_whole(None, order[0]) and index.is_whole(None, order[1])
+    assert not index.arriving
+
+
 def test_a_message_whose_sender_still_pushes_objects_is_whole_when_they_arrived(
     database: Any,
 ) -> None:
