@@ -203,6 +203,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
         confirm_along=True,
         inbox=Inbox("legacy"),
         carry=args.carry,
+        confirm_on_push=args.confirm_on_push,
     )
     rng = np.random.default_rng([args.seed, index])
     t0 = time.monotonic()
@@ -327,6 +328,7 @@ def main() -> None:
             SUPERNODE, "pull_objects", "push_object_contents_from_iterable", count=count
         )
     args.carry = switch("FEDHET_CARRIED_OBJECTS") and flower_gate.use("carried-objects")
+    args.confirm_on_push = args.carry and flower_gate.use("carried-confirmations")
     if args.carry:  # after the object concurrency: it wraps the pulls that has
         carried_node_objects()
     templates = json.loads(Path(args.templates).read_text())

@@ -1341,9 +1341,25 @@ class CarriedObjects:
         offers: tuple[tuple[bytes, bytes], ...] = ((carry.OFFER.encode(), b"1"),)
         if self.confirms:
             offers = (*offers, (carry.CONFIRMS.encode(), b"1"))
-            if path in (carry.FLEET_CONFIRM, carry.RUNTIME_CONFIRM):
-                await self._confirm(scope, receive, send, offers)
+            text = header(scope, carry.CONFIRMED.encode())
+            if text and path in CONFIRMING_PATHS:
+                ids = confirmed_ids(text)
+                if ids is None:
+                    detail = (
+                        f"{carry.CONFIRMED}: at most {carry.CONFIRMED_MAX} comma-separated "
+                        "object ids (64 hexadecimal digits) expected"
+                    )
+                    await refused(send, detail, offers)
+                    return
+                token = CONFIRMING.set(ids)
+                try:
+                    await self._route(scope, receive, send, path, offers)
+                finally:
+                    CONFIRMING.reset(token)
                 return
+        await self._route(scope, receive, send, path, offers)
+
+    async def _route(self, scope: dict, receive: Any, send: Any, path: Any, offers: tuple) -> None:
         if (
             path in (carry.FLEET_PULL, carry.RUNTIME_PULL)
             and header(scope, carry.ASK.encode()) == b"1"
@@ -1420,28 +1436,6 @@ class CarriedObjects:
         finally:
             BOX.reset(token)
 
-    async def _confirm(self, scope: dict, receive: Any, send: Any, offers: tuple) -> None:
-        """A confirmation (Fleet or Runtime): the ids its :data:`carry.CONFIRMED` names
-        reach its handler (:data:`CONFIRMING`); a header that is not such a list is
-        refused (400, naming it)."""
-        text = header(scope, carry.CONFIRMED.encode())
-        ids: tuple[str, ...] = ()
-        if text:
-            ids = tuple(text.decode("latin-1").split(","))
-            if len(ids) > carry.CONFIRMED_MAX or not all(OBJECT_ID.fullmatch(i) for i in ids):
-                await refused(
-                    send,
-                    f"{carry.CONFIRMED}: at most {carry.CONFIRMED_MAX} comma-separated "
-                    "object ids (64 hexadecimal digits) expected",
-                    offers,
-                )
-                return
-        token = CONFIRMING.set(ids)
-        try:
-            await self.app(scope, receive, starting_with(send, offers))
-        finally:
-            CONFIRMING.reset(token)
-
 
 async def refused(send: Any, detail: str, offers: tuple) -> None:
     """A 400 answer naming ``detail``."""
@@ -1462,6 +1456,20 @@ async def refused(send: Any, detail: str, offers: tuple) -> None:
 
 OBJECT_ID = re.compile(r"[0-9a-f]{64}")
 """A Flower object id (SHA-256, hexadecimal)."""
+
+CONFIRMING_PATHS = (carry.FLEET_CONFIRM, carry.RUNTIME_CONFIRM, carry.FLEET_PUSH)
+"""The requests whose :data:`carry.CONFIRMED` header confirms messages: a
+confirmation (node or ServerApp) and a node's push of its reply."""
+
+
+def confirmed_ids(text: bytes) -> tuple[str, ...] | None:
+    """The object ids a :data:`carry.CONFIRMED` header names (None: not such a list,
+    or more than :data:`carry.CONFIRMED_MAX`)."""
+    ids = tuple(text.decode("latin-1").split(","))
+    if len(ids) > carry.CONFIRMED_MAX or not all(OBJECT_ID.fullmatch(i) for i in ids):
+        return None
+    return ids
+
 
 CONFIRMING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "fedhet_confirming", default=()
@@ -1487,9 +1495,38 @@ def confirming_along(flowers: Callable[..., Any]) -> Callable[..., Any]:
     return confirm_message_received
 
 
+def pushes_confirming(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's Fleet ``push_messages(request, state)`` (a node's reply) that then
+    confirms, with Flower's Fleet confirmation handler as that node, each message
+    the request's :data:`carry.CONFIRMED` names (the one the reply answers: the
+    node's own confirmation spared)."""
+    handlers = importlib.import_module(FLEET_HANDLERS)
+    message_pb = importlib.import_module(MESSAGE_PB)
+
+    def push_messages(request: Any, state: Any) -> Any:
+        response = flowers(request=request, state=state)
+        ids = CONFIRMING.get()
+        if ids and request.messages_list:
+            confirm = gate.original(handlers, "confirm_message_received")
+            run_id = request.messages_list[0].metadata.run_id
+            for message_id in ids:
+                confirm(
+                    message_pb.ConfirmMessageReceivedRequest(
+                        node=request.node, run_id=run_id, message_object_id=message_id
+                    ),
+                    state=state,
+                    store=state.object_store,
+                )
+        return response
+
+    push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return push_messages
+
+
 def carried_confirmations() -> None:
-    """Part ``superlink-carried-confirmations``: :class:`CarriedObjects` offers it and
-    Flower's Fleet and Runtime confirmation handlers confirm what a request names."""
+    """Part ``superlink-carried-confirmations``: :class:`CarriedObjects` offers it,
+    Flower's Fleet and Runtime confirmation handlers confirm what a request names, and
+    so does a node's push of its reply."""
     for name in (FLEET_HANDLERS, RUNTIME_HANDLERS):
         module = importlib.import_module(name)
         gate.replace(
@@ -1497,6 +1534,8 @@ def carried_confirmations() -> None:
             "confirm_message_received",
             confirming_along(gate.original(module, "confirm_message_received")),
         )
+    fleet = importlib.import_module(FLEET_HANDLERS)
+    gate.replace(fleet, "push_messages", pushes_confirming(fleet.push_messages))
     CarriedObjects.confirms = True
 
 

@@ -863,10 +863,16 @@ class RunWatch:
         start_bound_s: float | None = None,
         load: ServerLoad | None = None,
         carry: bool = False,
+        confirm_on_push: bool = False,
     ) -> None:
         self._pull, self._push = pull, push
         self.carry = carry
         """A reply's push carries its objects (:func:`common.carry.carrying_send`)."""
+        self.confirm_on_push = confirm_on_push
+        """With ``confirm_along``: once the SuperLink takes confirmations along
+        (:data:`common.carry.CONFIRMS`), a message's confirmation goes with its
+        reply's push (part ``carried-confirmations``), not as a request of its own."""
+        self._along: tuple[Callable[[int, str], None], int, str] | None = None
         self.load = load
         """The SuperLink's load as this node sees it: a message object that is not
         there yet is asked for again later the busier it is (:class:`PatientPulls`;
@@ -995,6 +1001,10 @@ class RunWatch:
 
         def later(run_id: int, message_id: str) -> None:
             self.confirmed()
+            self._confirm_now()  # one kept for a push that never came
+            if self.confirm_on_push and carry.LOCAL.confirms_offered:
+                self._along = (confirm, run_id, message_id)  # with the reply's push
+                return
             self._confirming = threading.Thread(
                 target=send, args=(run_id, message_id), daemon=True, name="fedhet-confirm"
             )
@@ -1007,6 +1017,17 @@ class RunWatch:
         if self._confirming is not None:
             self._confirming.join()
             self._confirming = None
+
+    def _confirm_now(self) -> None:
+        """The confirmation kept for the reply's push, sent by itself (the push did not
+        go, or failed: confirming twice deletes nothing twice)."""
+        along, self._along = self._along, None
+        if along is not None:
+            confirm, run_id, message_id = along
+            try:
+                confirm(run_id, message_id)
+            except Exception as exc:  # noqa: BLE001 - the SuperLink cleans up by its TTL
+                log(WARNING, "fedhet: could not confirm message %s: %s", message_id, exc)
 
     def push(self, *args: Any, **kwargs: Any) -> None:
         """Flower's ``_push_messages``, or a return without a reply once the task's
@@ -1022,6 +1043,7 @@ class RunWatch:
                 self._on_waiting()
             if self._clock() >= next_check:
                 if not self.running():
+                    self._confirm_now()
                     self._stop(state, store)
                     return
                 if (cause := self.stalled(state)) is not None:
@@ -1036,7 +1058,16 @@ class RunWatch:
             if self.carry:
                 send = carry.carrying_send(send, bound.arguments["object_store"])
             bound.arguments["send"] = lambda *a, **k: receive_again(lambda: send(*a, **k))
-        self._push(*bound.args, **bound.kwargs)
+        along, self._along = self._along, None
+        carry.LOCAL.confirmed = [along[2]] if along is not None else None
+        try:
+            self._push(*bound.args, **bound.kwargs)
+        except BaseException:
+            self._along = along
+            self._confirm_now()
+            raise
+        finally:
+            carry.LOCAL.confirmed = None
 
     def stalled(self, state: Any) -> str | None:
         """Why the message in progress can get no reply by itself (None: it can):
@@ -1218,6 +1249,7 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
             inbox=Inbox(gate.fact("run-watch", "inbox")),
             load=LOAD if aware else None,
             carry=carrying,
+            confirm_on_push=carrying and gate.use("carried-confirmations"),
         )
         replace(module, "_pull_and_store_message", watch.pull)
         replace(module, "_push_messages", watch.push)

@@ -18,8 +18,9 @@ SuperLink requests per node-round at a thousand nodes (docs/deployment.md).
 
 It also takes confirmations along (its answers name :data:`CONFIRMS`): the ServerApp
 confirms the replies of one pull in one request (:class:`Confirmations`), the first
-as Flower does and the others' ids in :data:`CONFIRMED`, each confirmed by Flower's
-own handler.
+as Flower does and the others' ids in :data:`CONFIRMED`, and a node's reply push
+names the message it answers there (``cli.supernode.RunWatch``); each confirmed by
+Flower's own handler.
 
 The body is the request's or answer's protobuf (its length in :data:`CARRIED`)
 followed by frames ``>HQ`` (id length, content length), id, content. A client keeps
@@ -132,7 +133,10 @@ class _Local(threading.local):
         """What this thread's next push carries: ``(id, content)`` pairs, or Flower's
         objects by id (deflated as the push is sent)."""
         self.confirmed: list[str] | None = None
-        """The further messages this thread's next confirmation confirms."""
+        """The further messages this thread's next confirmation (or a node's push)
+        confirms."""
+        self.confirms_offered = False
+        """The SuperLink's last answer on this thread offered :data:`CONFIRMS`."""
 
 
 LOCAL = _Local()
@@ -158,7 +162,7 @@ def attach(
 
     def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
         path = request.url.path
-        if path in (FLEET_CONFIRM, RUNTIME_CONFIRM) and LOCAL.confirmed:
+        if path in (FLEET_CONFIRM, RUNTIME_CONFIRM, FLEET_PUSH) and LOCAL.confirmed:
             request.headers[CONFIRMED] = ",".join(LOCAL.confirmed)
         if patience_s is not None and (path in pulls or path in pushes):
             timeout = dict(request.extensions.get("timeout") or {})
@@ -174,7 +178,7 @@ def attach(
                 request = _carrying(client, request, outgoing)
         response = send(request, *args, **kwargs)
         offered[0] = response.headers.get(OFFER) == "1"
-        offers["confirms"] = response.headers.get(CONFIRMS) == "1"
+        offers["confirms"] = LOCAL.confirms_offered = response.headers.get(CONFIRMS) == "1"
         length = response.headers.get(CARRIED)
         if length is not None and response.is_success and path in pulls:
             proto, objects = unframe(response.content, int(length))

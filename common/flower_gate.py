@@ -461,14 +461,16 @@ PARTS: tuple[Part, ...] = (
     ),
     Part(
         "superlink-carried-confirmations",
-        "with superlink-carried-objects, a confirmation (node or ServerApp) may name "
-        "further messages it confirms, each confirmed by Flower's own handler for the "
-        "same caller (Flower: a request per message)",
+        "with superlink-carried-objects, a confirmation (node or ServerApp) or a node's "
+        "reply push may name messages it confirms, each confirmed by Flower's own "
+        "handler for the same caller (Flower: a request per message)",
         (
             "flwr.superlink.routers.fleet.router:fleet_confirm_message_received",
             "flwr.supercore.routers.runtime.router:confirm_message_received",
             "flwr.superlink.servicer.fleet.fleet_handlers:confirm_message_received",
             "flwr.superlink.servicer.runtime.runtime_handlers:confirm_message_received",
+            "flwr.superlink.routers.fleet.router:fleet_push_messages",
+            "flwr.superlink.servicer.fleet.fleet_handlers:push_messages",
             "flwr.proto.message_pb2:ConfirmMessageReceivedRequest",
         ),
         "a confirmation per message",
@@ -500,16 +502,19 @@ PARTS: tuple[Part, ...] = (
     Part(
         "carried-confirmations",
         "with carried-objects, the replies one pull of the ServerApp brought are "
-        "confirmed in one request (when the SuperLink offers it; Flower: a request per "
-        "reply)",
+        "confirmed in one request, and a node's confirmation goes with its reply's push "
+        "(when the SuperLink offers it; Flower: a request per message)",
         (
+            f"{SUPERNODE}:_push_messages",
+            "flwr.supernode.fleet_http_connection:http_request_response",
+            "flwr.supernode.fleet_http_client:FleetHttpClient.PushMessages",
             "flwr.superlink.grid.http_grid:HttpGrid.pull_messages",
             "flwr.superlink.grid.http_grid:HttpGrid._runtime_client",
             "flwr.supercore.runtime.runtime_http_client:RuntimeHttpClient.ConfirmMessageReceived",
             "flwr.proto.message_pb2:ConfirmMessageReceivedResponse",
         ),
-        "a confirmation per reply",
-        "serverapp",
+        "a confirmation per message",
+        "supernode, serverapp",
     ),
 )
 """Every change, in the order a deployment applies them."""

@@ -415,9 +415,10 @@ def test_the_superlink_confirms_each_message_a_confirmation_names() -> None:
 def test_a_nodes_confirmation_deletes_the_messages_it_names_and_a_bad_list_is_refused(
     superlink: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through Flower's own node connection and SuperLink stack: one confirmation
-    naming another message deletes both messages' objects (a third stays); a header
-    that is not a list of object ids is refused with 400 naming it."""
+    """Through Flower's own node connection and SuperLink stack: a reply's push naming
+    the message it answers deletes that message's objects; one confirmation naming
+    another message deletes both messages' objects (a third stays); a header that is
+    not a list of object ids is refused with 400 naming it."""
     import numpy as np
     from flwr.app import ArrayRecord, Message, RecordDict
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -450,25 +451,40 @@ def test_a_nodes_confirmation_deletes_the_messages_it_names_and_a_bad_list_is_re
     store = state.object_store
     with conn.http_request_response(f"127.0.0.1:{port}", insecure=True) as (
         node_id,
+        receive,
+        send,
         *_,
         confirm,
     ):
-        ids = []
-        saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
-        TaskIdentity.task_id, TaskIdentity.run_id = 1, run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        try:  # three messages as the ServerApp's task stores them
-            for k in range(3):
+
+        def stored(k: int) -> str:  # a message as the ServerApp's task stores it
+            saved = TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id
+            TaskIdentity.task_id, TaskIdentity.run_id = 1, run_id
+            TaskIdentity.node_id = SUPERLINK_NODE_ID
+            try:
                 content = RecordDict({"w": ArrayRecord([np.full(3, k, dtype=np.float32)])})
                 sent = Message(content, dst_node_id=node_id, message_type="train", ttl=600)
                 sent.metadata.__dict__["_message_id"] = sent.object_id
                 assert state.store_message_ins(sent)
-                store.preregister(run_id, get_object_tree(sent))
-                for object_id, obj in get_all_nested_objects(sent).items():
-                    store.put(object_id, obj.deflate())
-                ids.append(sent.object_id)
+            finally:
+                TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+            store.preregister(run_id, get_object_tree(sent))
+            for object_id, obj in get_all_nested_objects(sent).items():
+                store.put(object_id, obj.deflate())
+            return str(sent.object_id)
+
+        answered = stored(9)
+        message, _tree = receive()
+        assert message.metadata.message_id == answered
+        reply = Message(RecordDict({"w": ArrayRecord([np.zeros(3, np.float32)])}), reply_to=message)
+        reply.metadata.__dict__["_message_id"] = reply.object_id
+        carry.LOCAL.confirmed = [answered]
+        try:
+            send(reply, get_object_tree(reply), 0.1)
         finally:
-            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = saved
+            carry.LOCAL.confirmed = None
+        assert store.get(answered) is None  # confirmed by the reply's push
+        ids = [stored(k) for k in range(3)]
         carry.LOCAL.confirmed = [ids[1]]
         try:
             confirm(run_id, ids[0])

@@ -368,6 +368,58 @@ def test_without_it_the_pull_waits_for_the_confirmation() -> None:
     assert done == ["m1"]
 
 
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_confirmation_goes_with_the_reply_push_once_offered(offered: bool) -> None:
+    """Part carried-confirmations on a node: once the SuperLink takes confirmations
+    along, the message's confirmation is no request of its own but names the message
+    in the reply's push; a push that fails sends it by itself. Not offered: sent as
+    before."""
+    from types import SimpleNamespace
+
+    from cli.supernode import RunWatch
+    from common import carry
+
+    sent: list[str] = []
+    named: list[list[str] | None] = []
+
+    def confirm(run_id: int, message_id: str) -> None:
+        sent.append(message_id)
+
+    def pull(*, state, receive, get_run, confirm_message_received):  # type: ignore[no-untyped-def]
+        confirm_message_received(1, "m1")
+        return 1
+
+    failing = [False]
+
+    def push(*, state, object_store):  # type: ignore[no-untyped-def]
+        named.append(carry.LOCAL.confirmed)
+        if failing[0]:
+            raise ConnectionError("the push did not go")
+
+    watch = RunWatch(pull, push, confirm_along=True, confirm_on_push=True)
+    call = {"state": object(), "receive": lambda: None, "get_run": None}
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+    state = SimpleNamespace(get_messages_legacy=lambda **kw: [reply])
+    carry.LOCAL.confirms_offered = offered
+    try:
+        watch.pull(**call, confirm_message_received=confirm)
+        watch.push(state=state, object_store=None)
+        if offered:
+            assert sent == [] and named == [["m1"]]  # no request: named in the push
+        else:
+            assert sent == ["m1"] and named == [None]
+        assert carry.LOCAL.confirmed is None
+        sent.clear()
+        failing[0] = True
+        watch.pull(**call, confirm_message_received=confirm)
+        with pytest.raises(ConnectionError):
+            watch.push(state=state, object_store=None)
+        assert sent == ["m1"]  # sent by itself (offered) or as before
+    finally:
+        carry.LOCAL.confirms_offered = False
+        carry.LOCAL.confirmed = None
+
+
 def test_a_stored_instruction_rings_for_its_task_a_reply_does_not() -> None:
     from types import SimpleNamespace
 
