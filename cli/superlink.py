@@ -1510,13 +1510,17 @@ def pushes_confirming(flowers: Callable[..., Any]) -> Callable[..., Any]:
             confirm = gate.original(handlers, "confirm_message_received")
             run_id = request.messages_list[0].metadata.run_id
             for message_id in ids:
-                confirm(
-                    message_pb.ConfirmMessageReceivedRequest(
-                        node=request.node, run_id=run_id, message_object_id=message_id
-                    ),
-                    state=state,
-                    store=state.object_store,
+                asked = message_pb.ConfirmMessageReceivedRequest(
+                    node=request.node, run_id=run_id, message_object_id=message_id
                 )
+                try:
+                    confirm(asked, state=state, store=state.object_store)
+                except Exception as exc:  # noqa: BLE001 - cleanup: the reply is stored
+                    print(
+                        f"fedhet superlink: node {request.node.node_id}'s reply push could "
+                        f"not confirm message {message_id}: {exc!r} (its objects stay "
+                        "until the run's are deleted)"
+                    )
         return response
 
     push_messages.__wrapped__ = flowers  # type: ignore[attr-defined]
