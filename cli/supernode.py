@@ -991,43 +991,46 @@ class RunWatch:
     def _confirm_later(self, confirm: Callable[[int, str], None]) -> Callable[[int, str], None]:
         """Flower's ``confirm_message_received``, sent in a thread of its own: the
         message's task starts without waiting a round trip for it (:meth:`push` waits
-        for it before the reply goes out)."""
+        for it before the reply goes out); or kept for the reply's push
+        (``confirm_on_push``, once the SuperLink takes confirmations along)."""
 
-        def send(run_id: int, message_id: str) -> None:
+        def later(run_id: int, message_id: str) -> None:
+            self.confirmed()
+            self._send_kept()  # one kept for a push that never came
+            if self.confirm_on_push and carry.LOCAL.confirms_offered:
+                self._along = (confirm, run_id, message_id)  # with the reply's push
+                return
+            self._send(confirm, run_id, message_id)
+
+        return later
+
+    def _send(self, confirm: Callable[[int, str], None], run_id: int, message_id: str) -> None:
+        """``confirm(run_id, message_id)`` in a thread of its own (:meth:`confirmed`
+        waits for it)."""
+
+        def send() -> None:
             try:
                 confirm(run_id, message_id)
             except Exception as exc:  # noqa: BLE001 - the SuperLink cleans up by its TTL
                 log(WARNING, "fedhet: could not confirm message %s: %s", message_id, exc)
 
-        def later(run_id: int, message_id: str) -> None:
-            self.confirmed()
-            self._confirm_now()  # one kept for a push that never came
-            if self.confirm_on_push and carry.LOCAL.confirms_offered:
-                self._along = (confirm, run_id, message_id)  # with the reply's push
-                return
-            self._confirming = threading.Thread(
-                target=send, args=(run_id, message_id), daemon=True, name="fedhet-confirm"
-            )
-            self._confirming.start()
-
-        return later
+        self._confirming = threading.Thread(target=send, daemon=True, name="fedhet-confirm")
+        self._confirming.start()
 
     def confirmed(self) -> None:
-        """Wait until the last confirmation sent by :meth:`_confirm_later` is done."""
+        """Wait until the last confirmation sent by :meth:`_send` is done."""
         if self._confirming is not None:
             self._confirming.join()
             self._confirming = None
 
-    def _confirm_now(self) -> None:
-        """The confirmation kept for the reply's push, sent by itself (the push did not
-        go, or failed: confirming twice deletes nothing twice)."""
+    def _send_kept(self) -> None:
+        """The confirmation kept for the reply's push, sent by itself in a thread of
+        its own (the push did not go, or failed: confirming twice deletes nothing
+        twice)."""
         along, self._along = self._along, None
         if along is not None:
-            confirm, run_id, message_id = along
-            try:
-                confirm(run_id, message_id)
-            except Exception as exc:  # noqa: BLE001 - the SuperLink cleans up by its TTL
-                log(WARNING, "fedhet: could not confirm message %s: %s", message_id, exc)
+            self.confirmed()
+            self._send(*along)
 
     def push(self, *args: Any, **kwargs: Any) -> None:
         """Flower's ``_push_messages``, or a return without a reply once the task's
@@ -1043,7 +1046,7 @@ class RunWatch:
                 self._on_waiting()
             if self._clock() >= next_check:
                 if not self.running():
-                    self._confirm_now()
+                    self._along = None  # its run stopped: the SuperLink deletes its objects
                     self._stop(state, store)
                     return
                 if (cause := self.stalled(state)) is not None:
@@ -1064,7 +1067,7 @@ class RunWatch:
             self._push(*bound.args, **bound.kwargs)
         except BaseException:
             self._along = along
-            self._confirm_now()
+            self._send_kept()
             raise
         finally:
             carry.LOCAL.confirmed = None

@@ -414,6 +414,7 @@ def test_a_confirmation_goes_with_the_reply_push_once_offered(offered: bool) -> 
         watch.pull(**call, confirm_message_received=confirm)
         with pytest.raises(ConnectionError):
             watch.push(state=state, object_store=None)
+        watch.confirmed()
         assert sent == ["m1"]  # sent by itself (offered) or as before
     finally:
         carry.LOCAL.confirms_offered = False
