@@ -444,9 +444,9 @@ class Undelivered:
         """Message -> (its node, the objects its sender was asked to push)."""
         self.awaiting: dict[str, set[str]] = {}
         """Object -> the messages in :attr:`missing` waiting for it."""
-        self.arriving: dict[str, int] = {}
-        """Message -> how many carried pushes of it are being stored (not whole until
-        their answers say which objects are left: :func:`learn_wholeness`)."""
+        self.arriving = Arrivals()
+        """The messages carried pushes are storing (not whole until their answers say
+        which objects are left: :func:`learn_wholeness`)."""
         self.read_at: float | None = None
         """When the last read from the database began (``time.monotonic()``)."""
 
@@ -492,24 +492,6 @@ class Undelivered:
             waiting.discard(message_id)
             if not waiting:
                 del self.awaiting[object_id]
-
-    @contextlib.contextmanager
-    def storing(self, message_ids: Iterable[str]) -> Iterator[None]:
-        """Messages ``message_ids`` are stored by a carried push while the block runs:
-        not whole meanwhile, and no query asks (a poll woken as Flower commits each
-        message would otherwise find its objects still on their way)."""
-        message_ids = list(message_ids)
-        with self.lock:
-            for key in message_ids:
-                self.arriving[key] = self.arriving.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            with self.lock:
-                for key in message_ids:
-                    left = self.arriving.pop(key, 1) - 1
-                    if left > 0:
-                        self.arriving[key] = left
 
     def expect(self, node_id: int, message_id: str, missing: set[str]) -> None:
         """Message ``message_id`` (for ``node_id``) lacks the objects ``missing``, which
@@ -573,7 +555,7 @@ class Undelivered:
         """Every object of ``message_id`` is in the database's object ``store`` (known
         without a query once a carried push stored them all, while its sender still
         has some to push: :meth:`expect`, and while a carried push stores it:
-        :meth:`storing`)."""
+        :attr:`arriving`)."""
         if message_id in self.whole:
             return True
         if message_id in self.missing or message_id in self.arriving:
@@ -1279,10 +1261,12 @@ ARRIVAL_WAIT_S = 5.0
 
 
 class Arrivals:
-    """The objects pushes are storing now: those their requests carried, from before
-    Flower's handler stores the message until each is stored. A poll that answers
-    with the message meanwhile (the ServerApp's, woken or timed by the reply) waits
-    for them instead of leaving its client to ask for each (:func:`carried_out`)."""
+    """The ids pushes are storing now. :data:`ARRIVALS`: the objects their requests
+    carried, from before Flower's handler stores the message until each is stored; a
+    poll that answers with the message meanwhile (the ServerApp's, woken or timed by
+    the reply) waits for them instead of leaving its client to ask for each
+    (:func:`carried_out`). :attr:`Undelivered.arriving`: the messages of the
+    ServerApp's carried pushes, not whole meanwhile (:func:`runtime_pushes_carried`)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -1304,6 +1288,10 @@ class Arrivals:
                     if not self._ids[object_id]:
                         del self._ids[object_id]
                 self._changed.notify_all()
+
+    def __contains__(self, key: str) -> bool:
+        with self._changed:
+            return key in self._ids
 
     def wait(self, object_id: str, timeout: float) -> bool:
         """Wait up to ``timeout`` while ``object_id`` is arriving; whether it was."""
@@ -1697,7 +1685,7 @@ def runtime_pushes_carried(flowers: Callable[..., Any]) -> Callable[..., Any]:
         keys = [msg.metadata.message_id for msg in request.messages_list]
         with contextlib.ExitStack() as marks:
             for index in list(UNDELIVERED.values()):
-                marks.enter_context(index.storing(keys))
+                marks.enter_context(index.arriving.storing(keys))
             response = stored_carried(respond, box, push, superlink_node(), task.run_id)
             learn_wholeness(request, response)
         return response

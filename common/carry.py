@@ -39,7 +39,6 @@ import os
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import Any
@@ -136,7 +135,8 @@ class _Local(threading.local):
         """The further messages this thread's next confirmation (or a node's push)
         confirms."""
         self.confirms_offered = False
-        """The SuperLink's last answer on this thread offered :data:`CONFIRMS`."""
+        """The SuperLink's last answer on this thread offered :data:`CONFIRMS` (a
+        client attached by :func:`attach`)."""
 
 
 LOCAL = _Local()
@@ -157,7 +157,6 @@ def attach(
     objects over from the first, whose carried objects were all refused and pushed
     one request each)."""
     offered = [False]
-    offers = OFFERS.setdefault(client, {"confirms": False})
     send = client.send
 
     def sending(request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -178,7 +177,7 @@ def attach(
                 request = _carrying(client, request, outgoing)
         response = send(request, *args, **kwargs)
         offered[0] = response.headers.get(OFFER) == "1"
-        offers["confirms"] = LOCAL.confirms_offered = response.headers.get(CONFIRMS) == "1"
+        LOCAL.confirms_offered = response.headers.get(CONFIRMS) == "1"
         length = response.headers.get(CARRIED)
         if length is not None and response.is_success and path in pulls:
             proto, objects = unframe(response.content, int(length))
@@ -189,29 +188,23 @@ def attach(
     client.send = sending
 
 
-OFFERS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
-"""What the SuperLink's last answer to each attached ``httpx.Client`` offered besides
-carried objects (``confirms``: :data:`CONFIRMS`)."""
-
-
 class Confirmations:
     """A Runtime client's ``ConfirmMessageReceived(request)`` (Flower's ServerApp
     confirms each reply it pulled, a request each), gathered while the SuperLink
     takes confirmations along (:data:`CONFIRMS`): each is kept and answered at once,
     and :meth:`flush` (after each pull of replies) sends them in one request, the
     first as Flower's and the others' ids in :data:`CONFIRMED`. A SuperLink that
-    does not offer it gets Flower's request for each, as before."""
+    does not offer it gets Flower's request for each, as before. The offer is the
+    one the last answer on the calling thread made (the grid's own thread, which
+    pulled the replies)."""
 
-    def __init__(self, confirm: Callable[[Any], Any], client: Any, answer: Callable[[], Any]):
-        self.confirm, self.client, self.answer = confirm, client, answer
+    def __init__(self, confirm: Callable[[Any], Any], answer: Callable[[], Any]):
+        self.confirm, self.answer = confirm, answer
         self.kept: list[Any] = []
         self.lock = threading.Lock()
 
-    def offered(self) -> bool:
-        return OFFERS.get(self.client, {}).get("confirms", False)
-
     def __call__(self, request: Any) -> Any:
-        if not self.offered():
+        if not LOCAL.confirms_offered:
             return self.confirm(request)
         with self.lock:
             self.kept.append(request)
@@ -224,7 +217,7 @@ class Confirmations:
             kept, self.kept = self.kept, []
         sent = 0
         while kept:
-            size = CONFIRMED_MAX + 1 if self.offered() else 1
+            size = CONFIRMED_MAX + 1 if LOCAL.confirms_offered else 1
             batch, kept = kept[:size], kept[size:]
             LOCAL.confirmed = [r.message_object_id for r in batch[1:]]
             try:

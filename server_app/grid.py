@@ -123,7 +123,6 @@ class PollingGrid(Grid):
                 runtime = grid._runtime_client  # type: ignore[attr-defined]
                 self.confirmations = carry.Confirmations(
                     runtime.ConfirmMessageReceived,
-                    client,
                     importlib.import_module(MESSAGE_PB).ConfirmMessageReceivedResponse,
                 )
                 runtime.ConfirmMessageReceived = self.confirmations

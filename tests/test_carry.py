@@ -19,6 +19,15 @@ def oid(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_thread_state() -> Any:
+    """What a test's requests leave in this thread's :data:`carry.LOCAL` (the offer
+    last seen, the ids to confirm) does not reach the next test."""
+    yield
+    carry.LOCAL.confirms_offered = False
+    carry.LOCAL.confirmed = None
+
+
 def test_a_framed_body_gives_back_its_protobuf_and_objects() -> None:
     objects = [(oid(b"a"), b"a"), (oid(b""), b""), (oid(b"x" * 300), b"x" * 300)]
     body = carry.frame(b"PROTO", objects)
@@ -365,7 +374,7 @@ def test_a_pulls_confirmations_go_in_one_request_once_offered() -> None:
         client.post(carry.RUNTIME_CONFIRM, content=request.message_object_id.encode())
         return "Flower's answer"
 
-    confirmations = carry.Confirmations(confirm, client, lambda: "kept")
+    confirmations = carry.Confirmations(confirm, lambda: "kept")
     ask = [SimpleNamespace(message_object_id=c * 64) for c in "abc"]
     assert confirmations(ask[0]) == "Flower's answer" and len(seen) == 1  # not offered yet
     offered[0] = True
@@ -381,7 +390,7 @@ def test_a_pulls_confirmations_go_in_one_request_once_offered() -> None:
     def failing(request: Any) -> None:
         raise httpx.ConnectError("down")
 
-    broken = carry.Confirmations(failing, client, lambda: "kept")
+    broken = carry.Confirmations(failing, lambda: "kept")
     broken(ask[0])
     assert broken.flush() == 1 and carry.LOCAL.confirmed is None  # logged, not raised
 
