@@ -334,10 +334,13 @@ class Federation:
         on a loaded 2-core machine can take more than a minute); else an error that
         names each node's status and ends with the log of each one not online."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        exited: list[str] = []
+        while time.monotonic() < deadline and not exited:
             if self.online_nodes() >= count:
                 return
-            time.sleep(1)
+            exited = self.exited_nodes()
+            if not exited:
+                time.sleep(1)
         status = self.node_status()
         lines, tails = [], []
         for i in range(len(self.node_configs)):
@@ -348,10 +351,25 @@ class Federation:
                 log = self.workdir / "logs" / f"supernode-{i}.log"
                 text = log.read_text(errors="replace") if log.exists() else "(no log)"
                 tails.append(f"--- {log} (end) ---\n{text[-2000:]}")
+        online = sum(s == "online" for s in status.values())
+        if exited:
+            raise RuntimeError(
+                f"only {online} of {count} SuperNodes online: {', '.join(exited)} "
+                f"({', '.join(lines)})\n" + "\n".join(tails)
+            )
         raise TimeoutError(
-            f"only {sum(s == 'online' for s in status.values())} of {count} SuperNodes "
-            f"online after {timeout:g} s ({', '.join(lines)})\n" + "\n".join(tails)
+            f"only {online} of {count} SuperNodes online after {timeout:g} s "
+            f"({', '.join(lines)})\n" + "\n".join(tails)
         )
+
+    def exited_nodes(self) -> list[str]:
+        """'supernode-<i> exited with code <c>' for each node process that has ended."""
+        out = []
+        for i in range(len(self.node_configs)):
+            proc = self.procs.procs.get(f"supernode-{i}")
+            if proc is not None and proc.poll() is not None:
+                out.append(f"supernode-{i} exited with code {proc.returncode}")
+        return out
 
     # ------------------------------------------------------------------ runs
     def run(

@@ -50,11 +50,23 @@ def sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+_PORTS_GIVEN: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free right now and that this process has not
+    handed out before: the kernel may give a port it gave a moment ago once its socket
+    is closed (a federation's node once got the SuperLink's own port, and failed)."""
+    with _PORTS_LOCK:
+        for _ in range(1000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
+    raise OSError("no free port on 127.0.0.1 that was not handed out already")
 
 
 def flower_env(flwr_home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
