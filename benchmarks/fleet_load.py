@@ -12,7 +12,9 @@ round's time and its overhead beyond the slowest node's delay; CPU seconds of th
 SuperLink and the ServerApp (cgroup ``cpuacct``, exact) and of the emulator processes,
 per node-round, over the whole run and from the end of round 1 (steady state); the
 SuperLink's requests per node-round by kind; the SuperLink's peak memory and open
-sockets; replies aggregated and lost (results.json's ``valid-replies``; the emulators'
+sockets, and each role's peak summed resident memory (``peak-rss-mb-by-role``: the
+SuperLink, the ServerApp with its SuperExec, the emulators as ``supernode``); replies
+aggregated and lost (results.json's ``valid-replies``; the emulators'
 errors).
 
     python -m benchmarks.fleet_load --nodes 100 --algorithm lgfedavg --rounds 5
@@ -41,6 +43,7 @@ from benchmarks.server_cost import (
     CountingFederation,
     FirstRound,
     RoleGroups,
+    carry_path,
     minus,
     read_counts,
     request_kind,
@@ -212,21 +215,43 @@ class EmulatedFederation(CountingFederation):
         return total
 
 
-class SuperLinkProbe(threading.Thread):
-    """The SuperLink's peak resident memory and open sockets (every 0.5 s)."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory (``RssAnon``: its own pages; ``RssFile``: mapped
+    files', e.g. SQLite's memory-mapped database); 0 once it has ended."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
-    def __init__(self, pid: int) -> None:
+
+class SuperLinkProbe(threading.Thread):
+    """The SuperLink's peak resident memory and open sockets, and the peak of each
+    role's summed resident memory (``groups``' roles: the ServerApp, the emulators as
+    ``supernode``), every 0.5 s."""
+
+    def __init__(self, pid: int, groups: RoleGroups | None = None) -> None:
         super().__init__(daemon=True)
-        self.pid, self.stop = pid, threading.Event()
+        self.pid, self.groups, self.stop = pid, groups, threading.Event()
         self.peak_rss_mb = 0.0
         self.peak_sockets = 0
+        self.peak_role_rss_mb: dict[str, float] = {}
+        self.peak_split_mb: dict[str, float] = {}
+        """The SuperLink's peak ``RssAnon`` and ``RssFile`` (each its own peak)."""
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
+            if self.groups is not None:
+                now: dict[str, float] = {}
+                for pid, role in list(self.groups.placed.items()):
+                    now[role] = now.get(role, 0.0) + rss_mb(pid)
+                for role, mb in now.items():
+                    self.peak_role_rss_mb[role] = max(self.peak_role_rss_mb.get(role, 0.0), mb)
+            for field in ("RssAnon", "RssFile"):
+                mb = rss_mb(self.pid, field)
+                self.peak_split_mb[field] = max(self.peak_split_mb.get(field, 0.0), mb)
             with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        self.peak_rss_mb = max(self.peak_rss_mb, int(line.split()[1]) / 1024)
+                self.peak_rss_mb = max(self.peak_rss_mb, rss_mb(self.pid))
                 fds = Path(f"/proc/{self.pid}/fd")
                 sockets = sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
                 self.peak_sockets = max(self.peak_sockets, sockets)
@@ -252,6 +277,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         args.jitter,
     )
     fed.real = args.real
+    if args.tracemalloc:  # a diagnostic: every Python process traces its allocations
+        fed.env["FEDHET_TRACEMALLOC"] = str(Path(args.tracemalloc).resolve())
+        site = str(Path(__file__).resolve().parent / "memtrace")
+        fed.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (site, fed.env.get("PYTHONPATH", "")) if p
+        )
     out = work / "run"
     overrides = {
         "algorithm": args.algorithm,
@@ -264,7 +295,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         **parse_overrides(args.config),
     }
     with fed, RoleGroups(fed) as groups:
-        probe = SuperLinkProbe(fed.procs.procs["superlink"].pid)
+        probe = SuperLinkProbe(fed.procs.procs["superlink"].pid, groups)
         probe.start()
         first = FirstRound(out / "results.json", groups, fed.counts_path)
         first.start()
@@ -275,6 +306,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         first.stop.set()
         probe.stop.set()
         emulated = fed.emulator_stats()
+        carried = {}
+        with contextlib.suppress(OSError, ValueError):
+            carried = json.loads(carry_path(fed.counts_path).read_text())
         timings = dict(fed.timings)
     if not outcome.ok:
         tail = outcome.log_path.read_text(errors="replace")[-3000:]
@@ -307,6 +341,11 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "requests": {request_kind(k): v for k, v in sorted(req.items()) if v},
         "superlink-peak-rss-mb": probe.peak_rss_mb,
         "superlink-peak-sockets": probe.peak_sockets,
+        "superlink-peak-rss-anon-file-mb": [
+            round(probe.peak_split_mb.get(k, 0.0)) for k in ("RssAnon", "RssFile")
+        ],
+        "peak-rss-mb-by-role": {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())},
+        "carry": carried,
     }
     node_rounds = n * args.rounds
     row["server-cpu-s-per-node-round"] = row["server-cpu-s"] / node_rounds
@@ -368,6 +407,12 @@ def main() -> None:
         help="extra run-config key=value (TOML value)",
     )
     parser.add_argument("--round-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--tracemalloc",
+        metavar="PREFIX",
+        help="a diagnostic: each process writes PREFIX-<program>-<pid>.txt, its Python "
+        "allocations at its peak (benchmarks/memtrace; costs CPU: not for quoted figures)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/out/fleet-load.json")
     parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
     args = parser.parse_args()

@@ -170,6 +170,7 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
     """Node ``index``: connect, then Flower's loop with fedhet's node policy, answering
     each message from its template; until the process ends."""
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.app.message import remove_content_from_message
     from flwr.common.constant import SubStatus
     from flwr.supercore.inflatable.inflatable_object import (
         get_all_nested_objects,
@@ -247,27 +248,37 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
                 contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}
                 inflated = inflate_object_from_contents(mid, contents)  # type: ignore[arg-type]
                 content = inflated.content  # type: ignore[attr-defined]
+                # what a ClientApp's confirmation does on a real node: the message's
+                # objects leave the node's store once the task holds the message
+                del contents, inflated
+                store.delete(mid)
                 packed = is_packed(content)  # as fedhet's ClientApp mod: unpack, answer packed
                 if packed:
                     content = unpack(content)
                 kind = template_key(message, content)
                 reply = build_reply(message, content, templates[kind], index, rng)
+                del content
                 if packed:
                     reply.content = pack(reply.content)
+                # its objects now, as bytes, and the message without its content until
+                # it is due: a node holds one serialised reply while it "trains" (the
+                # decoded arrays would double that; the push reads the store alone)
+                with no_object_id_recompute():
+                    reply.metadata.__dict__["_message_id"] = reply.object_id
+                    store.preregister(run_id, get_object_tree(reply))
+                    for object_id, obj in get_all_nested_objects(reply).items():
+                        store.put(object_id, obj.deflate())
+                reply = remove_content_from_message(reply)
 
                 def deliver(
                     reply: Any = reply, mid: str = mid, kind: str = kind, run: int = run_id
                 ) -> None:
                     """What the task's ClientApp does when it ends: store its reply."""
                     try:
-                        # its objects before the message: the node pushes a reply as soon
-                        # as it sees it (what the Runtime API's push handler guarantees)
-                        with no_object_id_recompute():
-                            reply.metadata.__dict__["_message_id"] = reply.object_id
-                            store.preregister(run, get_object_tree(reply))
-                            for object_id, obj in get_all_nested_objects(reply).items():
-                                store.put(object_id, obj.deflate())
-                            state.store_message(reply)
+                        # its objects are in the store already: the node pushes a reply
+                        # as soon as it sees it (what the Runtime API's push handler
+                        # guarantees)
+                        state.store_message(reply)
                         state.record_message_processing_end(message_id=mid)
                         for task in state.get_tasks(run_ids=[run]):
                             state.finish_task(

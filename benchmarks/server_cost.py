@@ -110,16 +110,32 @@ class CountRequests:
 def _write_counts(path: Path) -> None:
     """Every 0.2 s, for as long as the process runs: a failed write (e.g. the folder
     removed) is tried again, and the file never holds a partial write."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    from cli.superlink import INFLIGHT
+
+    carried = carry_path(path)
     while True:
         with CountRequests.lock:
             text = json.dumps(CountRequests.counts)
-        try:
-            tmp.write_text(text)
-            tmp.replace(path)
-        except OSError as exc:
-            print(f"server_cost: request counts not written to {path}: {exc}", file=sys.stderr)
+        with INFLIGHT.lock:
+            carry = {
+                "inflight-peak-bytes": INFLIGHT.peak,
+                "inflight-now-bytes": INFLIGHT.used,
+                "refused-objects": INFLIGHT.refused,
+            }
+        for target, content in ((path, text), (carried, json.dumps(carry))):
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            try:
+                tmp.write_text(content)
+                tmp.replace(target)
+            except OSError as exc:
+                print(f"server_cost: {target} not written: {exc}", file=sys.stderr)
         time.sleep(0.2)
+
+
+def carry_path(counts: Path) -> Path:
+    """Where the counting SuperLink writes its carried answers' in-flight peak and the
+    objects it did not carry for the in-flight budget (:class:`cli.superlink.InFlight`)."""
+    return counts.with_name(counts.stem + "-carry.json")
 
 
 def run_counting_superlink(counts: Path, argv: list[str]) -> None:

@@ -1233,22 +1233,71 @@ def held_pulls(hold_s: float = HOLD_S) -> None:
     )
 
 
+class InFlight:
+    """The bytes of objects that the answers being made and sent hold now, for the
+    whole SuperLink (``FEDHET_CARRY_INFLIGHT_MB``). A thousand held polls answered at
+    once, each carrying its node's message, would otherwise hold a thousand messages
+    at once (and their copies in the framed answers): an answer that finds the
+    budget spent carries what fits, and its node pulls the rest one request each."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self.lock = threading.Lock()
+        self.peak = 0
+        self.refused = 0
+        """Objects not carried because the budget was spent (a diagnostic)."""
+
+    def take(self, size: int) -> bool:
+        with self.lock:
+            if self.used + size > self.limit:
+                self.refused += 1
+                return False
+            self.used += size
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, size: int) -> None:
+        with self.lock:
+            self.used -= size
+
+
+INFLIGHT = InFlight(int(carry.INFLIGHT_MB * 2**20))
+"""Set from ``FEDHET_CARRY_INFLIGHT_MB`` when the SuperLink starts."""
+
+
 class Box:
     """What one request carries in (a push's objects) and out (a poll's)."""
 
-    def __init__(self, budget: int = 0, incoming: dict[str, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        budget: int = 0,
+        incoming: dict[str, bytes] | None = None,
+        inflight: InFlight | None = None,
+    ) -> None:
         self.left = budget
         self.out: list[tuple[str, bytes]] = []
         self.incoming = incoming or {}
+        self.inflight, self.taken = inflight, 0
 
     def add(self, object_id: str, content: bytes) -> bool:
-        """``content`` carried out, if it fits what is left of the budget."""
-        if len(content) > self.left:
+        """``content`` carried out, if it fits what is left of the budget (and of
+        the SuperLink's :class:`InFlight` budget)."""
+        if len(content) > self.left or (
+            self.inflight is not None and not self.inflight.take(len(content))
+        ):
             self.left = 0
             return False
+        self.taken += len(content) if self.inflight is not None else 0
         self.left -= len(content)
         self.out.append((object_id, content))
         return True
+
+    def release(self) -> None:
+        """The answer is sent: what it carried leaves the in-flight budget."""
+        self.out = []
+        if self.inflight is not None and self.taken:
+            self.inflight.give(self.taken)
+            self.taken = 0
 
 
 BOX: contextvars.ContextVar[Box | None] = contextvars.ContextVar("fedhet_carry", default=None)
@@ -1362,7 +1411,7 @@ class CarriedObjects:
         await self.app(scope, receive, starting_with(send, offers))
 
     async def _pull(self, scope: dict, receive: Any, send: Any, offers: tuple) -> None:
-        box = Box(self.budget)
+        box = Box(self.budget, inflight=INFLIGHT)
         start: dict = {}
         chunks: list[bytes] = []
 
@@ -1396,6 +1445,7 @@ class CarriedObjects:
             await self.app(scope, receive, capture)
         finally:
             BOX.reset(token)
+            box.release()
 
     async def _push(
         self, scope: dict, receive: Any, send: Any, length: bytes, offers: tuple
@@ -1959,6 +2009,7 @@ def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
     gate.use("superlink-entry")
     # a bad value stops here, before anything starts
     seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
+    INFLIGHT.limit = carry.inflight_budget()
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()
     memory, database = gate.use("superlink-node-index"), gate.use("superlink-database-index")

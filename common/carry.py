@@ -76,14 +76,28 @@ class CarryError(ValueError):
 
 def budget() -> int:
     """Bytes one answer carries at most (``FEDHET_CARRY_MB``; 0: carry nothing)."""
-    text = os.environ.get("FEDHET_CARRY_MB", "").strip()
+    return _megabytes("FEDHET_CARRY_MB", BUDGET_MB, "0: off")
+
+
+def _megabytes(name: str, default: float, zero: str) -> int:
+    text = os.environ.get(name, "").strip()
     try:
-        value = float(text) if text else BUDGET_MB
+        value = float(text) if text else default
     except ValueError:
-        raise SystemExit(f"FEDHET_CARRY_MB={text!r}: a number of megabytes (0: off)") from None
+        raise SystemExit(f"{name}={text!r}: a number of megabytes ({zero})") from None
     if not 0 <= value < float("inf"):
-        raise SystemExit(f"FEDHET_CARRY_MB={text!r}: a number of megabytes (0: off)")
+        raise SystemExit(f"{name}={text!r}: a number of megabytes ({zero})")
     return int(value * 2**20)
+
+
+INFLIGHT_MB = 512.0
+"""Bytes of objects all answers being made and sent may carry at once on a SuperLink
+(``FEDHET_CARRY_INFLIGHT_MB``)."""
+
+
+def inflight_budget() -> int:
+    """Bytes all carried answers hold at most at once (``FEDHET_CARRY_INFLIGHT_MB``)."""
+    return _megabytes("FEDHET_CARRY_INFLIGHT_MB", INFLIGHT_MB, "0: carry nothing")
 
 
 def frame(proto: bytes, objects: Iterable[tuple[str, bytes]]) -> bytes:
@@ -259,6 +273,9 @@ def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[s
     ) -> dict[str, bytes]:
         received = LOCAL.received
         have = {i: received[i] for i in object_ids if i in received}
+        for i, content in have.items():  # a large one is handed over, not kept: a node's
+            if len(content) >= KEEP_BELOW:  # thread would hold the last message's bytes
+                del received[i]  # until its next poll (a ServerApp's, up to the budget)
         rest = [i for i in object_ids if i not in have]
         if rest:
             have.update(pull_objects(rest, pull_object_fn, *args, **kwargs))
@@ -268,6 +285,11 @@ def pulls(pull_objects: Callable[..., dict[str, bytes]]) -> Callable[..., dict[s
     pull.carried = True  # type: ignore[attr-defined]
     return pull
 
+
+KEEP_BELOW = 64 * 1024
+"""Carried objects smaller than this stay with the thread after they are taken, until
+its next poll (another message of the same answer may share one: Flower stores an
+object once); larger ones are handed over and dropped."""
 
 CONTENT_WAIT_S = 10.0
 """How long a node's push waits for a reply's objects its store does not hold yet."""

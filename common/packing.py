@@ -7,17 +7,22 @@ its reply's pushed, then pulled again by the ServerApp. Packed, a message is the
 record dict, one :class:`~flwr.app.ConfigRecord` holding the packed bytes, and the
 message: 3 objects (a config record has no children, where an array record is a
 record, an array and its chunks: 5 objects). A message over :data:`INLINE_MAX` bytes
-(Flower's 5 MB chunk size: one object must fit one request) goes as one ``uint8``
-array in an :class:`~flwr.app.ArrayRecord` instead, 4 objects plus one per 5 MB, so
-that its chunks move concurrently. The numbers are the same bytes:
+(Flower's 5 MB chunk size: one object must fit one request) goes as its arrays in one
+``uint8`` array in an :class:`~flwr.app.ArrayRecord` (chunked by Flower, so that its
+chunks move concurrently) and its other records beside it in a config record
+(:data:`PACKED_RECORDS`): 5 objects plus one per 5 MB. Messages whose arrays are the
+same (a server's nodes of one tier) share that array: Flower stores and moves it once.
+The numbers are the same bytes:
 :func:`unpack` gives back exactly what :func:`pack` was given (array dtypes, shapes and
 bytes; metric and config values through JSON, which keeps Python's floats exactly).
 
 Layout of the array: :data:`MAGIC`, a 4-byte little-endian header length, the header
 (JSON: ``[[name, "arrays", [[key, dtype, shape, offset, nbytes], ...]], [name,
 "metrics", {...}], [name, "configs", {...}]]``, in the content's order), then the
-arrays' bytes. :func:`unpack` checks every field against the array it came in and
-raises :class:`PackingError` with one line for anything else.
+arrays' bytes (a large message: the array holds its array records' entries, and the
+config record beside it a header without bytes, in the content's order, each array
+record as ``[name, "arrays", null]``). :func:`unpack` checks every field against the
+array it came in and raises :class:`PackingError` with one line for anything else.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 PACKED = "fedhet-packed"
-"""The one record of a packed message's content."""
+"""The one record of a packed message's content (a large one's arrays)."""
+PACKED_RECORDS = "fedhet-packed-records"
+"""A large packed message's other records (and the order of all), beside its arrays."""
 MAGIC = b"FEDHETP1"
 DTYPES = "fiub"
 """Array dtype kinds a packed message may hold (float, int, unsigned, bool)."""
@@ -67,68 +74,129 @@ def _back(value: Any) -> Any:
     return value
 
 
-def pack(content: RecordDict, inline_max: int = INLINE_MAX) -> RecordDict:
-    """``content`` as one record: its bytes in a config record, or one ``uint8`` array
-    when they are over ``inline_max``."""
-    header: list[Any] = []
+def _arrays(record: ArrayRecord, offset: int, chunks: list[bytes]) -> tuple[list[Any], int]:
+    items = []
+    for key, array in record.items():
+        value = array.numpy()  # (np.ascontiguousarray would make a 0-d array 1-d)
+        value = value if value.flags.c_contiguous else value.copy(order="C")
+        raw = value.tobytes()
+        items.append([key, value.dtype.str, list(value.shape), offset, len(raw)])
+        chunks.append(raw)
+        offset += len(raw)
+    return items, offset
+
+
+def _framed(header: list[Any], chunks: list[bytes]) -> bytes:
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
+
+
+def _values(name: str, record: Any) -> list[Any]:
+    if isinstance(record, MetricRecord):
+        return [name, "metrics", {k: _value(v) for k, v in record.items()}]
+    if isinstance(record, ConfigRecord):
+        return [name, "configs", {k: _value(v) for k, v in record.items()}]
+    raise TypeError(f"record {name!r}: {type(record).__name__} cannot be packed")
+
+
+def pack(
+    content: RecordDict, inline_max: int = INLINE_MAX, shared: dict[Any, Any] | None = None
+) -> RecordDict:
+    """``content`` as one record: its bytes in a config record, or, when they are over
+    ``inline_max``, its arrays as one ``uint8`` array and its other records beside it
+    in a config record (:data:`PACKED_RECORDS`).
+
+    ``shared``: a dict the caller keeps while it packs several messages (the server's
+    round): large messages whose array records are the same objects get the same
+    packed array, packed once. Flower stores an object once, so what nodes of one
+    tier are sent is held and pushed once, not once per node (a thousand FedARA
+    messages of 7.8 MB: 7.8 GB otherwise)."""
+    arrays = [(n, r) for n, r in content.items() if isinstance(r, ArrayRecord)]
+    key = tuple((n, id(r)) for n, r in arrays)
+    if shared is not None and key in shared:
+        return _split(content, shared[key][1])
     chunks: list[bytes] = []
     offset = 0
+    header: list[Any] = []
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
-            items = []
-            for key, array in record.items():
-                value = array.numpy()  # (np.ascontiguousarray would make a 0-d array 1-d)
-                value = value if value.flags.c_contiguous else value.copy(order="C")
-                raw = value.tobytes()
-                items.append([key, value.dtype.str, list(value.shape), offset, len(raw)])
-                chunks.append(raw)
-                offset += len(raw)
+            items, offset = _arrays(record, offset, chunks)
             header.append([name, "arrays", items])
-        elif isinstance(record, MetricRecord):
-            header.append([name, "metrics", {k: _value(v) for k, v in record.items()}])
-        elif isinstance(record, ConfigRecord):
-            header.append([name, "configs", {k: _value(v) for k, v in record.items()}])
         else:
-            raise TypeError(f"record {name!r}: {type(record).__name__} cannot be packed")
-    text = json.dumps(header, separators=(",", ":")).encode()
-    blob = b"".join([MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
-    if len(blob) <= inline_max:
-        return RecordDict({PACKED: ConfigRecord({"blob": blob})})
-    return RecordDict({PACKED: ArrayRecord({"blob": Array(np.frombuffer(blob, np.uint8))})})
+            header.append(_values(name, record))
+    size = len(MAGIC) + 4 + len(json.dumps(header, separators=(",", ":")).encode()) + offset
+    if size <= inline_max:
+        return RecordDict({PACKED: ConfigRecord({"blob": _framed(header, chunks)})})
+    part = [h for h in header if h[1] == "arrays"]
+    packed = ArrayRecord({"blob": Array(np.frombuffer(_framed(part, chunks), np.uint8))})
+    if shared is not None:  # the records stay referenced: their ids are not reused
+        shared[key] = ([r for _, r in arrays], packed)
+    return _split(content, packed)
 
 
-def unpack(content: RecordDict) -> RecordDict:
-    """The content :func:`pack` packed; :class:`PackingError` names what does not fit."""
-    if list(content) != [PACKED]:
-        raise PackingError(f"a packed message holds records {sorted(content)}, not {PACKED!r}")
-    record = content[PACKED]
+def _split(content: RecordDict, packed: ArrayRecord) -> RecordDict:
+    head = [
+        [n, "arrays", None] if isinstance(r, ArrayRecord) else _values(n, r)
+        for n, r in content.items()
+    ]
+    return RecordDict({PACKED: packed, PACKED_RECORDS: ConfigRecord({"blob": _framed(head, [])})})
+
+
+def _data(record: Any, name: str) -> bytes | memoryview:
     if list(record) != ["blob"]:
-        raise PackingError(f"record {PACKED!r} holds {sorted(record)}, not one 'blob'")
+        raise PackingError(f"record {name!r} holds {sorted(record)}, not one 'blob'")
     if isinstance(record, ConfigRecord):
         data = record["blob"]
         if not isinstance(data, bytes):
             raise PackingError(f"the packed value is {type(data).__name__}, not bytes")
-    elif isinstance(record, ArrayRecord):
+        return data
+    if isinstance(record, ArrayRecord):
         blob = record["blob"].numpy()
         if blob.dtype != np.uint8 or blob.ndim != 1:
             shape = list(blob.shape)
             raise PackingError(f"the packed array is {blob.dtype} {shape}, not uint8 [n]")
-        data = blob.tobytes()
-    else:
-        raise PackingError(f"record {PACKED!r} is a {type(record).__name__}")
-    if data[: len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 4:
+        return memoryview(blob)  # type: ignore[arg-type]
+    raise PackingError(f"record {name!r} is a {type(record).__name__}")
+
+
+def _parse(data: bytes | memoryview) -> tuple[Any, memoryview]:
+    if len(data) < len(MAGIC) + 4 or bytes(data[: len(MAGIC)]) != MAGIC:
         raise PackingError("the packed array does not start with fedhet's mark")
     size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "little")
     start = len(MAGIC) + 4 + size
     if start > len(data):
         raise PackingError(f"a header of {size} bytes in {len(data)}")
     try:
-        header = json.loads(data[len(MAGIC) + 4 : start])
+        header = json.loads(bytes(data[len(MAGIC) + 4 : start]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise PackingError(f"an unreadable header ({exc})") from None
-    body = memoryview(data)[start:]
+    if not isinstance(header, list):
+        raise PackingError("a malformed header (not a list)")
+    return header, memoryview(data)[start:]
+
+
+def unpack(content: RecordDict) -> RecordDict:
+    """The content :func:`pack` packed; :class:`PackingError` names what does not fit."""
+    split = list(content) == [PACKED, PACKED_RECORDS]
+    if list(content) != [PACKED] and not split:
+        raise PackingError(f"a packed message holds records {sorted(content)}, not {PACKED!r}")
+    header, body = _parse(_data(content[PACKED], PACKED))
     out = RecordDict()
     try:
+        if split:
+            arrays = {}
+            for name, kind, items in header:
+                if kind != "arrays":
+                    raise PackingError(f"record {name!r} of kind {kind!r} in the packed arrays")
+                arrays[name] = items
+            header, _ = _parse(_data(content[PACKED_RECORDS], PACKED_RECORDS))
+            for entry in header:
+                if entry[1] == "arrays":
+                    if entry[2] is not None or entry[0] not in arrays:
+                        raise PackingError(f"record {entry[0]!r} not in the packed arrays")
+                    entry[2] = arrays.pop(entry[0])
+            if arrays:
+                raise PackingError(f"packed arrays of no record: {sorted(arrays)}")
         for name, kind, items in header:
             if kind == "arrays":
                 out[name] = ArrayRecord({key: Array(_array(body, *spec)) for key, *spec in items})
@@ -138,7 +206,7 @@ def unpack(content: RecordDict) -> RecordDict:
                 out[name] = ConfigRecord({k: _back(v) for k, v in items.items()})
             else:
                 raise PackingError(f"record {name!r} of unknown kind {kind!r}")
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
         if isinstance(exc, PackingError):
             raise
         raise PackingError(f"a malformed header ({type(exc).__name__}: {exc})") from None

@@ -156,9 +156,10 @@ class PollingGrid(Grid):
         if not self.pack:
             return self._pushed(messages)
         messages = list(messages)
+        shared: dict = {}  # nodes sent the same arrays share one packed array
         for message in messages:
             if message.has_content() and not is_packed(message.content):
-                message.content = pack(message.content)
+                message.content = pack(message.content, shared=shared)
         ids = list(self._pushed(messages))
         self._sent.update((i, m) for i, m in zip(ids, messages, strict=False) if i)
         return ids

@@ -61,10 +61,13 @@ def test_pulls_take_the_carried_objects_and_ask_only_for_the_rest() -> None:
         asked.append(list(object_ids))
         return {i: pull_object_fn(i) for i in object_ids}
 
-    carry.LOCAL.received = {"a": b"A", "b": b"B"}
+    large = b"L" * carry.KEEP_BELOW
+    carry.LOCAL.received = {"a": b"A", "b": b"B", "l": large}
     try:
-        got = carry.pulls(flowers)(["a", "c", "b"], lambda i: i.upper().encode(), max_time=3)
-        assert got == {"a": b"A", "b": b"B", "c": b"C"} and asked == [["c"]]
+        got = carry.pulls(flowers)(["a", "c", "b", "l"], lambda i: i.upper().encode(), max_time=3)
+        assert got == {"a": b"A", "b": b"B", "c": b"C", "l": large} and asked == [["c"]]
+        # the large one handed over, not kept until the next poll; small ones kept
+        assert carry.LOCAL.received == {"a": b"A", "b": b"B"}
         asked.clear()
         assert carry.pulls(flowers)(object_ids=["b"], pull_object_fn=None) == {"b": b"B"}
         assert asked == []  # nothing left to ask for
@@ -554,3 +557,22 @@ def test_the_serverapps_pull_confirms_its_replies_in_one_request(
     confirms = [r for r in seen if r.url.path == carry.RUNTIME_CONFIRM]
     assert len(confirms) == 1 and confirms[0].content == b"a" * 64
     assert confirms[0].headers[carry.CONFIRMED] == f"{'b' * 64},{'c' * 64}"
+
+
+def test_answers_carry_within_the_superlinks_in_flight_budget() -> None:
+    """Answers made at once draw on one budget: one that finds it spent carries what
+    fits (its node pulls the rest), and a sent answer gives its bytes back."""
+    from cli.superlink import Box, InFlight
+
+    inflight = InFlight(10)
+    first, second = Box(100, inflight=inflight), Box(100, inflight=inflight)
+    assert first.add("a", b"x" * 6) and not second.add("b", b"y" * 6)
+    assert second.out == [] and inflight.used == 6 and inflight.refused == 1
+    assert not second.add("c", b"z")  # a refused answer carries nothing more
+    first.release()
+    assert inflight.used == 0 and inflight.peak == 6 and first.out == []
+    third = Box(100, inflight=inflight)
+    assert third.add("d", b"w" * 10) and inflight.used == 10
+    third.release()
+    assert inflight.used == 0
+    assert Box(5).add("e", b"v" * 5)  # without an in-flight budget: the answer's alone

@@ -91,3 +91,8 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
     # (a held poll's answers to its wakes are not requests)
     polls = sum(row["node-polls-per-node-round"].values()) * 3 * 2
     assert 0 < row["requests"]["fleet/pull-messages"] <= round(polls), (row["requests"], polls)
+    # every answer that carried objects gave its bytes back to the in-flight budget
+    carry = row["carry"]
+    assert carry["inflight-peak-bytes"] > 0 and carry["inflight-now-bytes"] == 0, carry
+    # each role's memory was sampled (the emulators count as SuperNodes)
+    assert {"superlink", "serverapp", "supernode"} <= set(row["peak-rss-mb-by-role"])

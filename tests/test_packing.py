@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from common.packing import MAGIC, PACKED, PackingError, is_packed, pack, unpack
+from common.packing import MAGIC, PACKED, PACKED_RECORDS, PackingError, is_packed, pack, unpack
 
 
 def _content(rng: np.random.Generator) -> RecordDict:
@@ -71,12 +71,56 @@ def test_a_packed_message_is_three_objects_and_a_large_one_goes_chunked() -> Non
     assert _objects(content) == 15  # message, record dict, 3 records, 5 arrays, 5 chunks
     small = pack(content)
     assert isinstance(small[PACKED], ConfigRecord) and _objects(small) == 3
-    big = pack(content, inline_max=100)  # over the inline size: one uint8 array, chunked
-    assert isinstance(big[PACKED], ArrayRecord) and _objects(big) == 5
-    assert _blob(small) == _blob(big)
+    big = pack(content, inline_max=100)  # over the inline size: the arrays as one uint8
+    # array (chunked), the other records beside it: message, record dict, 2 records,
+    # the array and its one chunk
+    assert list(big) == [PACKED, PACKED_RECORDS] and isinstance(big[PACKED], ArrayRecord)
+    assert _objects(big) == 6
     for packed in (small, big):
         back = unpack(packed)
+        assert list(back) == list(content)
         assert np.array_equal(back["arrays"]["w"].numpy(), content["arrays"]["w"].numpy())
+        assert dict(back["config"]) == dict(content["config"])
+
+
+def test_large_messages_with_the_same_arrays_share_one_packed_array() -> None:
+    """A server's messages to nodes of one tier: the arrays packed once, one object."""
+    rng = np.random.default_rng(5)
+    shared_arrays = ArrayRecord({"w": Array(rng.normal(size=(40, 30)).astype(np.float32))})
+    other = ArrayRecord({"w": Array(rng.normal(size=(40, 30)).astype(np.float32))})
+
+    def message(arrays: ArrayRecord, node: int) -> RecordDict:
+        return RecordDict({"arrays": arrays, "config": ConfigRecord({"node": node})})
+
+    cache: dict = {}
+    a, b, c = (pack(message(r, i), 100, cache) for i, r in enumerate([shared_arrays] * 2 + [other]))
+    assert a[PACKED] is b[PACKED] and a[PACKED] is not c[PACKED]
+    assert a[PACKED_RECORDS]["blob"] != b[PACKED_RECORDS]["blob"]
+    for i, (packed, arrays) in enumerate([(a, shared_arrays), (b, shared_arrays), (c, other)]):
+        back = unpack(packed)
+        assert back["config"]["node"] == i
+        assert np.array_equal(back["arrays"]["w"].numpy(), arrays["w"].numpy())
+    # without the cache: equal bytes, so Flower's object ids still match
+    alone = pack(message(shared_arrays, 1), 100)
+    assert alone[PACKED] is not a[PACKED] and alone[PACKED].object_id == a[PACKED].object_id
+
+
+def test_a_malformed_split_message_is_one_line() -> None:
+    content = _content(np.random.default_rng(6))
+    big = pack(content, inline_max=100)
+    head = big[PACKED_RECORDS]["blob"]
+    cases = [
+        (head.replace(b'["arrays","arrays",null]', b'["other","arrays",null]'), "not in the"),
+        (head.replace(b'["arrays","arrays",null],', b""), "packed arrays of no record"),
+        (head.replace(b'["arrays","arrays",null]', b'["arrays","arrays",[]]'), "not in the"),
+    ]
+    for blob, says in cases:
+        assert blob != head
+        size = len(blob) - len(MAGIC) - 4
+        blob = blob[:8] + size.to_bytes(4, "little") + blob[12:]
+        mangled = RecordDict({PACKED: big[PACKED], PACKED_RECORDS: ConfigRecord({"blob": blob})})
+        with pytest.raises(PackingError, match=says):
+            unpack(mangled)
 
 
 @pytest.mark.parametrize(
