@@ -237,16 +237,24 @@ class SuperLinkProbe(threading.Thread):
         self.peak_sockets = 0
         self.peak_role_rss_mb: dict[str, float] = {}
         self.peak_split_mb: dict[str, float] = {}
+        self.timeline: list[list[int]] = []
         """The SuperLink's peak ``RssAnon`` and ``RssFile`` (each its own peak)."""
 
     def run(self) -> None:
+        t0, ticks = time.monotonic(), 0
         while not self.stop.wait(0.5):
+            ticks += 1
             if self.groups is not None:
                 now: dict[str, float] = {}
                 for pid, role in list(self.groups.placed.items()):
                     now[role] = now.get(role, 0.0) + rss_mb(pid)
                 for role, mb in now.items():
                     self.peak_role_rss_mb[role] = max(self.peak_role_rss_mb.get(role, 0.0), mb)
+                if ticks % 4 == 0:  # every 2 s: [s, SuperLink, ServerApp, emulators] MB
+                    self.timeline.append(
+                        [round(time.monotonic() - t0)]
+                        + [round(now.get(r, 0.0)) for r in ("superlink", "serverapp", "supernode")]
+                    )
             for field in ("RssAnon", "RssFile"):
                 mb = rss_mb(self.pid, field)
                 self.peak_split_mb[field] = max(self.peak_split_mb.get(field, 0.0), mb)
@@ -346,6 +354,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ],
         "peak-rss-mb-by-role": {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())},
         "carry": carried,
+        "rss-timeline-mb": probe.timeline,
     }
     node_rounds = n * args.rounds
     row["server-cpu-s-per-node-round"] = row["server-cpu-s"] / node_rounds

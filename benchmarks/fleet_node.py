@@ -103,7 +103,11 @@ def build_reply(
             if spec["same"] and name in got and key in got[name]:
                 base = got[name][key].numpy()
                 scale = NOISE * (float(np.abs(base).mean()) or 1.0)
-                value = base + rng.normal(0.0, scale, base.shape).astype(base.dtype)
+                if base.dtype in (np.float32, np.float64):  # noise in the array's precision
+                    noise = rng.standard_normal(base.shape, dtype=base.dtype)
+                    value = base + (noise * base.dtype.type(scale))
+                else:
+                    value = base + rng.normal(0.0, scale, base.shape).astype(base.dtype)
             else:
                 value = rng.normal(0.0, 0.1, shape).astype(dtype)
             arrays[key] = Array(np.ascontiguousarray(value))
@@ -323,7 +327,7 @@ def main() -> None:
         patient_heartbeats,
         switch,
     )
-    from common import flower_gate
+    from common import flower_gate, heap
     from common.flower_runtime import concurrent_objects, object_concurrency
 
     if flower_gate.use("heartbeat-patience"):  # once for every node of this process
@@ -342,6 +346,7 @@ def main() -> None:
     args.confirm_on_push = args.carry and flower_gate.use("carried-confirmations")
     if args.carry:  # after the object concurrency: it wraps the pulls that has
         carried_node_objects()
+    heap.start_trimmer()  # as fedhet supernode
     templates = json.loads(Path(args.templates).read_text())
     stats, path = Stats(), Path(args.stats)
     count_connections(stats)

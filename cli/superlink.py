@@ -104,7 +104,7 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 from cli.supernode import number
-from common import carry
+from common import carry, heap
 from common import flower_gate as gate
 
 MIDDLEWARE = "flwr.superlink.main"
@@ -1431,6 +1431,7 @@ class CarriedObjects:
             body = proto
             if start.get("status") == 200 and box.out:
                 body = carry.frame(proto, box.out)
+                box.out = []  # framed: the objects are the body's bytes now, not twice
                 headers = (*offers, (carry.CARRIED.encode(), b"%d" % len(proto)))
             kept = [h for h in start.get("headers", ()) if h[0].lower() != b"content-length"]
             await send(
@@ -2010,6 +2011,7 @@ def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
     # a bad value stops here, before anything starts
     seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
     INFLIGHT.limit = carry.inflight_budget()
+    heap.start_trimmer()
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()
     memory, database = gate.use("superlink-node-index"), gate.use("superlink-database-index")

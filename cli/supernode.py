@@ -1188,8 +1188,10 @@ def run_supernode(argv: list[str], poll: float = SUPERNODE_POLL_S) -> None:
     Each change is a part of :mod:`common.flower_gate`: one that does not fit the
     installed Flower is left out with one warning line (Flower's own behaviour)."""
     from common import flower_gate as gate
+    from common import heap
 
     gate.use("entry-points")
+    heap.start_trimmer()  # a node's messages and replies freed each round: pages back
     name = "flwr.supernode.start_client_internal"
     module = importlib.import_module(name)
     fast = fast_polls()

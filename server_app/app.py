@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from common import heap
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.records import to_record
 from common.report import Run, plot_accuracy
@@ -36,6 +37,8 @@ def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` rounds of the configured algorithm."""
     simulation = is_simulation(grid)
     cfg = load_config(context)
+    if not simulation:  # a deployed ServerApp frees a round's replies: give the pages back
+        heap.start_trimmer()
     # replies polled when due (Flower's HTTP grid polls every 3 s)
     packed = cfg.pack_messages and not simulation  # nothing crosses a network in simulation
     serve(PollingGrid(grid, mode=cfg.reply_poll, pack=packed), cfg, simulation)
