@@ -110,7 +110,7 @@ class CountRequests:
 def _write_counts(path: Path) -> None:
     """Every 0.2 s, for as long as the process runs: a failed write (e.g. the folder
     removed) is tried again, and the file never holds a partial write."""
-    from cli.superlink import INFLIGHT
+    from cli.superlink import INCOMING, INFLIGHT
 
     carried = carry_path(path)
     while True:
@@ -121,6 +121,9 @@ def _write_counts(path: Path) -> None:
                 "inflight-peak-bytes": INFLIGHT.peak,
                 "inflight-now-bytes": INFLIGHT.used,
                 "refused-objects": INFLIGHT.refused,
+                "incoming-peak-bytes": INCOMING.peak,
+                "incoming-now-bytes": INCOMING.used,
+                "incoming-waits": INCOMING.waits,
             }
         for target, content in ((path, text), (carried, json.dumps(carry))):
             tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")

@@ -1261,7 +1261,40 @@ class InFlight:
             self.used -= size
 
 
+class Incoming:
+    """The bytes of carried pushes read and not yet stored, for the whole SuperLink
+    (the same ``FEDHET_CARRY_INFLIGHT_MB``; 0: no bound): a push that would go over it waits,
+    unread, until earlier ones are stored (a push alone always goes). Three hundred
+    FedARA replies pushed at once otherwise all sat in the SuperLink's memory, each
+    read whole and split into its objects, while its handler waited for its turn at
+    the database. The wait is asynchronous: no thread is held."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.peak, self.waits = limit, 0, 0, 0
+        self._changed: asyncio.Condition | None = None
+
+    def _fits(self, size: int) -> bool:
+        return self.limit <= 0 or self.used == 0 or self.used + size <= self.limit
+
+    async def enter(self, size: int) -> None:
+        if self._changed is None:  # made in the server's loop
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            if not self._fits(size):
+                self.waits += 1
+                await self._changed.wait_for(lambda: self._fits(size))
+            self.used += size
+            self.peak = max(self.peak, self.used)
+
+    async def leave(self, size: int) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self.used -= size
+            self._changed.notify_all()
+
+
 INFLIGHT = InFlight(int(carry.INFLIGHT_MB * 2**20))
+INCOMING = Incoming(int(carry.INFLIGHT_MB * 2**20))
 """Set from ``FEDHET_CARRY_INFLIGHT_MB`` when the SuperLink starts."""
 
 
@@ -1451,12 +1484,24 @@ class CarriedObjects:
     async def _push(
         self, scope: dict, receive: Any, send: Any, length: bytes, offers: tuple
     ) -> None:
+        text = header(scope, b"content-length") or b""
+        size = int(text) if text.isdigit() else INCOMING.limit
+        await INCOMING.enter(size)
+        try:
+            await self._store_pushed(scope, receive, send, length, offers)
+        finally:
+            await INCOMING.leave(size)
+
+    async def _store_pushed(
+        self, scope: dict, receive: Any, send: Any, length: bytes, offers: tuple
+    ) -> None:
         body = await read_body(receive)
         try:
             proto, objects = carry.unframe(body, int(length))
         except ValueError as exc:
             await refused(send, str(exc), offers)
             return
+        del body  # the objects are copies: the body need not be held while they are stored
         skip = (b"content-length", carry.CARRIED.encode())
         headers = [h for h in scope.get("headers", ()) if h[0].lower() not in skip]
         inner = {**scope, "headers": [*headers, (b"content-length", b"%d" % len(proto))]}
@@ -2010,7 +2055,7 @@ def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
     gate.use("superlink-entry")
     # a bad value stops here, before anything starts
     seconds, hold, budget = keep_alive_s(), hold_s(), carry.budget()
-    INFLIGHT.limit = carry.inflight_budget()
+    INFLIGHT.limit = INCOMING.limit = carry.inflight_budget()
     heap.start_trimmer()
     if gate.use("superlink-fleet-path"):
         fleet_path_middleware()

@@ -576,3 +576,35 @@ def test_answers_carry_within_the_superlinks_in_flight_budget() -> None:
     third.release()
     assert inflight.used == 0
     assert Box(5).add("e", b"v" * 5)  # without an in-flight budget: the answer's alone
+
+
+def test_pushes_wait_unread_while_earlier_ones_fill_the_budget() -> None:
+    """A push that would go over the budget waits until earlier ones are stored; a
+    push alone always goes; 0 bounds nothing."""
+    import asyncio
+
+    from cli.superlink import Incoming
+
+    async def scenario() -> list[str]:
+        budget, order = Incoming(10), []
+
+        async def push(name: str, size: int, hold: float) -> None:
+            await budget.enter(size)
+            order.append(f"{name} in")
+            await asyncio.sleep(hold)
+            order.append(f"{name} out")
+            await budget.leave(size)
+
+        await asyncio.gather(push("a", 6, 0.05), push("b", 6, 0.0), push("c", 4, 0.0))
+        assert budget.used == 0 and budget.peak == 10 and budget.waits == 1
+        await budget.enter(50)  # over the budget, but alone
+        await budget.leave(50)
+        free = Incoming(0)
+        await free.enter(6)
+        await free.enter(6)
+        assert free.used == 12 and free.waits == 0
+        return order
+
+    order = asyncio.run(scenario())
+    assert order.index("b in") > order.index("a out"), order  # b waited for a
+    assert order.index("c in") < order.index("a out"), order  # c fit beside a

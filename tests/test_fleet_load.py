@@ -94,5 +94,7 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
     # every answer that carried objects gave its bytes back to the in-flight budget
     carry = row["carry"]
     assert carry["inflight-peak-bytes"] > 0 and carry["inflight-now-bytes"] == 0, carry
+    # and every carried push its bytes to the incoming budget
+    assert carry["incoming-peak-bytes"] > 0 and carry["incoming-now-bytes"] == 0, carry
     # each role's memory was sampled (the emulators count as SuperNodes)
     assert {"superlink", "serverapp", "supernode"} <= set(row["peak-rss-mb-by-role"])
