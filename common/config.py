@@ -103,10 +103,11 @@ class RunConfig(Section):
     (docs/deployment.md, "How many devices per server"); ``fixed``: every 0.1 s;
     ``flower``: Flower's own grid (every 3 s)."""
     pack_messages: bool = True
-    """Deployment: a message's records travel as one packed array (``common/packing.py``:
-    4 objects plus one per 5 MB instead of one per record, array and chunk: fewer
-    SuperLink requests per node-round; the numbers are the same). A simulation never
-    packs (nothing crosses a network)."""
+    """Deployment: a message's records travel packed (``common/packing.py``: 3 objects
+    up to 5 MB, above it 5 plus one per 5 MB, instead of one per record, array and
+    chunk: fewer SuperLink requests per node-round; the server's messages with the same
+    arrays share one packed array; the numbers are the same). A simulation never packs
+    (nothing crosses a network)."""
     fleet: str = ""
     """Simulation only: device classes of the simulated nodes, ``class:count`` by
     partition id, cycled (``"rpi4:8,rpi5:6,jetson-orin-nano:4,server:2"``); each
