@@ -215,14 +215,20 @@ class EmulatedFederation(CountingFederation):
         return total
 
 
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    """A process's resident memory (``RssAnon``: its own pages; ``RssFile``: mapped
-    files', e.g. SQLite's memory-mapped database); 0 once it has ended."""
+RSS_FIELDS = ("VmRSS", "RssAnon", "RssFile")
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory, MB, from one read of its status: ``VmRSS`` (all),
+    ``RssAnon`` (its own pages), ``RssFile`` (mapped files', e.g. SQLite's
+    memory-mapped database); empty once it has ended."""
+    out = {}
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+            field = line.split(":", 1)[0]
+            if field in RSS_FIELDS:
+                out[field] = int(line.split()[1]) / 1024
+    return out
 
 
 class SuperLinkProbe(threading.Thread):
@@ -237,8 +243,9 @@ class SuperLinkProbe(threading.Thread):
         self.peak_sockets = 0
         self.peak_role_rss_mb: dict[str, float] = {}
         self.peak_split_mb: dict[str, float] = {}
-        self.timeline: list[list[int]] = []
         """The SuperLink's peak ``RssAnon`` and ``RssFile`` (each its own peak)."""
+        self.timeline: list[list[int]] = []
+        """Every 2 s: [seconds, SuperLink, ServerApp, emulators] resident MB."""
 
     def run(self) -> None:
         t0, ticks = time.monotonic(), 0
@@ -247,19 +254,20 @@ class SuperLinkProbe(threading.Thread):
             if self.groups is not None:
                 now: dict[str, float] = {}
                 for pid, role in list(self.groups.placed.items()):
-                    now[role] = now.get(role, 0.0) + rss_mb(pid)
+                    now[role] = now.get(role, 0.0) + rss_mb(pid).get("VmRSS", 0.0)
                 for role, mb in now.items():
                     self.peak_role_rss_mb[role] = max(self.peak_role_rss_mb.get(role, 0.0), mb)
-                if ticks % 4 == 0:  # every 2 s: [s, SuperLink, ServerApp, emulators] MB
+                if ticks % 4 == 0:
                     self.timeline.append(
                         [round(time.monotonic() - t0)]
                         + [round(now.get(r, 0.0)) for r in ("superlink", "serverapp", "supernode")]
                     )
+            mine = rss_mb(self.pid)
+            self.peak_rss_mb = max(self.peak_rss_mb, mine.get("VmRSS", 0.0))
             for field in ("RssAnon", "RssFile"):
-                mb = rss_mb(self.pid, field)
+                mb = mine.get(field, 0.0)
                 self.peak_split_mb[field] = max(self.peak_split_mb.get(field, 0.0), mb)
             with contextlib.suppress(OSError):
-                self.peak_rss_mb = max(self.peak_rss_mb, rss_mb(self.pid))
                 fds = Path(f"/proc/{self.pid}/fd")
                 sockets = sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
                 self.peak_sockets = max(self.peak_sockets, sockets)

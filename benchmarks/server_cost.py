@@ -121,10 +121,14 @@ def _write_counts(path: Path) -> None:
                 "inflight-peak-bytes": INFLIGHT.peak,
                 "inflight-now-bytes": INFLIGHT.used,
                 "refused-objects": INFLIGHT.refused,
+            }
+        carry.update(  # changed on the server's event loop only
+            {
                 "incoming-peak-bytes": INCOMING.peak,
                 "incoming-now-bytes": INCOMING.used,
                 "incoming-waits": INCOMING.waits,
             }
+        )
         for target, content in ((path, text), (carried, json.dumps(carry))):
             tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
@@ -136,8 +140,9 @@ def _write_counts(path: Path) -> None:
 
 
 def carry_path(counts: Path) -> Path:
-    """Where the counting SuperLink writes its carried answers' in-flight peak and the
-    objects it did not carry for the in-flight budget (:class:`cli.superlink.InFlight`)."""
+    """Where the counting SuperLink writes its carried bytes in flight, out
+    (:class:`cli.superlink.InFlight`: peak, now, objects not carried) and in
+    (:class:`cli.superlink.Incoming`: peak, now, pushes that waited)."""
     return counts.with_name(counts.stem + "-carry.json")
 
 

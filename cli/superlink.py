@@ -1295,7 +1295,7 @@ class Incoming:
 
 INFLIGHT = InFlight(int(carry.INFLIGHT_MB * 2**20))
 INCOMING = Incoming(int(carry.INFLIGHT_MB * 2**20))
-"""Set from ``FEDHET_CARRY_INFLIGHT_MB`` when the SuperLink starts."""
+"""Both limits are set from ``FEDHET_CARRY_INFLIGHT_MB`` when the SuperLink starts."""
 
 
 class Box:

@@ -35,13 +35,14 @@ Standard library only; Flower is imported on first use.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import Any
+
+from common import envvars
 
 OFFER = "x-fedhet-carries"
 """Every answer of a SuperLink that carries objects names it (value ``1``)."""
@@ -80,14 +81,7 @@ def budget() -> int:
 
 
 def _megabytes(name: str, default: float, zero: str) -> int:
-    text = os.environ.get(name, "").strip()
-    try:
-        value = float(text) if text else default
-    except ValueError:
-        raise SystemExit(f"{name}={text!r}: a number of megabytes ({zero})") from None
-    if not 0 <= value < float("inf"):
-        raise SystemExit(f"{name}={text!r}: a number of megabytes ({zero})")
-    return int(value * 2**20)
+    return int(envvars.nonnegative(name, default, f"a number of megabytes ({zero})") * 2**20)
 
 
 INFLIGHT_MB = 512.0

@@ -86,8 +86,12 @@ def _arrays(record: ArrayRecord, offset: int, chunks: list[bytes]) -> tuple[list
     return items, offset
 
 
-def _framed(header: list[Any], chunks: list[bytes]) -> bytes:
-    text = json.dumps(header, separators=(",", ":")).encode()
+def _encoded(header: list[Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def _framed(header: list[Any] | bytes, chunks: list[bytes]) -> bytes:
+    text = header if isinstance(header, bytes) else _encoded(header)
     return b"".join([MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
 
 
@@ -124,9 +128,9 @@ def pack(
             header.append([name, "arrays", items])
         else:
             header.append(_values(name, record))
-    size = len(MAGIC) + 4 + len(json.dumps(header, separators=(",", ":")).encode()) + offset
-    if size <= inline_max:
-        return RecordDict({PACKED: ConfigRecord({"blob": _framed(header, chunks)})})
+    text = _encoded(header)
+    if len(MAGIC) + 4 + len(text) + offset <= inline_max:
+        return RecordDict({PACKED: ConfigRecord({"blob": _framed(text, chunks)})})
     part = [h for h in header if h[1] == "arrays"]
     packed = ArrayRecord({"blob": Array(np.frombuffer(_framed(part, chunks), np.uint8))})
     if shared is not None:  # the records stay referenced: their ids are not reused
