@@ -15,7 +15,9 @@ SuperLink's requests per node-round by kind; the SuperLink's peak memory and ope
 sockets, and each role's peak summed resident memory (``peak-rss-mb-by-role``: the
 SuperLink, the ServerApp with its SuperExec, the emulators as ``supernode``); replies
 aggregated and lost (results.json's ``valid-replies``; the emulators'
-errors).
+errors). A run that would exhaust the machine's memory (``--memory-floor-mb``) is
+stopped and recorded as broken there: ``"broke": "memory"``, when, each role's memory
+and the rounds it completed.
 
     python -m benchmarks.fleet_load --nodes 100 --algorithm lgfedavg --rounds 5
     python -m benchmarks.fleet_load --nodes 8 --real     # real fedhet supernodes instead
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -231,14 +234,28 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def available_mb() -> float | None:
+    """The machine's available memory (``MemAvailable``), MB."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
 class SuperLinkProbe(threading.Thread):
     """The SuperLink's peak resident memory and open sockets, and the peak of each
     role's summed resident memory (``groups``' roles: the ServerApp, the emulators as
-    ``supernode``), every 0.5 s."""
+    ``supernode``), every 0.5 s. With ``floor_mb`` > 0, the machine's available memory
+    falling below it stops the run (the main thread is interrupted, the federation
+    shut down) before the kernel's OOM killer picks a process: :attr:`low_memory`
+    says when and what each role held."""
 
-    def __init__(self, pid: int, groups: RoleGroups | None = None) -> None:
+    def __init__(self, pid: int, groups: RoleGroups | None = None, floor_mb: float = 0) -> None:
         super().__init__(daemon=True)
         self.pid, self.groups, self.stop = pid, groups, threading.Event()
+        self.floor_mb = floor_mb
+        self.low_memory: dict[str, Any] | None = None
         self.peak_rss_mb = 0.0
         self.peak_sockets = 0
         self.peak_role_rss_mb: dict[str, float] = {}
@@ -262,6 +279,15 @@ class SuperLinkProbe(threading.Thread):
                         [round(time.monotonic() - t0)]
                         + [round(now.get(r, 0.0)) for r in ("superlink", "serverapp", "supernode")]
                     )
+                free = available_mb() if self.floor_mb > 0 else None
+                if free is not None and free < self.floor_mb and self.low_memory is None:
+                    self.low_memory = {
+                        "at-s": round(time.monotonic() - t0, 1),
+                        "available-mb": round(free),
+                        "rss-mb-by-role": {k: round(v) for k, v in sorted(now.items())},
+                    }
+                    # a signal, not interrupt_main(): it also ends a blocking wait
+                    os.kill(os.getpid(), signal.SIGINT)  # the run stops; the federation too
             mine = rss_mb(self.pid)
             self.peak_rss_mb = max(self.peak_rss_mb, mine.get("VmRSS", 0.0))
             for field in ("RssAnon", "RssFile"):
@@ -274,6 +300,33 @@ class SuperLinkProbe(threading.Thread):
 
 
 # ------------------------------------------------------------------ one measurement
+def out_of_memory(args: argparse.Namespace, probe: SuperLinkProbe, results: Path) -> dict:
+    """The row of a run stopped for memory (see :class:`SuperLinkProbe`): where it
+    broke, each role's peak and the rounds it completed."""
+    done = []
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        done = json.loads(results.read_text())["rounds"]
+    print(f"N={args.nodes}: stopped, memory below {args.memory_floor_mb} MB: {probe.low_memory}")
+    return {
+        "nodes": args.nodes,
+        "algorithm": args.algorithm,
+        "state": "memory" if args.memory_state else "database",
+        "nodes-kind": "real" if args.real else "emulated",
+        "config": parse_overrides(args.config),
+        "rounds": args.rounds,
+        "delay-s": args.delay,
+        "processes": args.processes,
+        "broke": "memory",
+        "low-memory": probe.low_memory,
+        "rounds-done": len(done),
+        "round-time-s": [r["round-time-s"] for r in done],
+        "valid-replies": [r.get("valid-replies") for r in done],
+        "superlink-peak-rss-mb": probe.peak_rss_mb,
+        "peak-rss-mb-by-role": {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())},
+        "rss-timeline-mb": probe.timeline,
+    }
+
+
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config = {**DATA, "eval-mode": args.eval_mode}
     templates = work / "templates.json"
@@ -311,12 +364,18 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         **parse_overrides(args.config),
     }
     with fed, RoleGroups(fed) as groups:
-        probe = SuperLinkProbe(fed.procs.procs["superlink"].pid, groups)
+        probe = SuperLinkProbe(fed.procs.procs["superlink"].pid, groups, args.memory_floor_mb)
         probe.start()
         first = FirstRound(out / "results.json", groups, fed.counts_path)
         first.start()
         c0, r0, t0 = groups.usage(), read_counts(fed.counts_path), time.monotonic()
-        outcome = fed.run(overrides, timeout=args.round_timeout * (args.rounds + 2))
+        try:
+            outcome = fed.run(overrides, timeout=args.round_timeout * (args.rounds + 2))
+        except KeyboardInterrupt:
+            if probe.low_memory is None:
+                raise
+            probe.stop.set()
+            return out_of_memory(args, probe, out / "results.json")
         wall = time.monotonic() - t0
         c1, r1 = groups.usage(), read_counts(fed.counts_path)
         first.stop.set()
@@ -424,6 +483,13 @@ def main() -> None:
         help="extra run-config key=value (TOML value)",
     )
     parser.add_argument("--round-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--memory-floor-mb",
+        type=float,
+        default=1024.0,
+        help="stop the run when the machine's available memory falls below this, and "
+        "record where (0: never)",
+    )
     parser.add_argument(
         "--tracemalloc",
         metavar="PREFIX",

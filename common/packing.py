@@ -28,11 +28,16 @@ array it came in and raises :class:`PackingError` with one line for anything els
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
+import io
 import json
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.constant import SType
+from numpy.lib import format as npy
 
 PACKED = "fedhet-packed"
 """The one record of a packed message's content (a large one's arrays)."""
@@ -74,13 +79,50 @@ def _back(value: Any) -> Any:
     return value
 
 
-def _arrays(record: ArrayRecord, offset: int, chunks: list[bytes]) -> tuple[list[Any], int]:
+@functools.lru_cache(maxsize=256)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header :func:`numpy.save` writes for a C-ordered array (what
+    Flower's :class:`~flwr.app.Array` holds before the values)."""
+    out = io.BytesIO()
+    descr = npy.dtype_to_descr(np.dtype(dtype))
+    npy.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+def _values_of(array: Array) -> tuple[np.dtype, tuple[int, ...], bytes | memoryview]:
+    """An array's dtype, shape and values in C order: a view of the bytes it holds
+    (a C-ordered ``.npy``, as Flower makes them), a copy only otherwise."""
+    if array.stype == SType.NUMPY:
+        with contextlib.suppress(ValueError, TypeError):
+            data = array.data
+            fp = io.BytesIO(data)
+            version = npy.read_magic(fp)
+            read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, fortran, dtype = read(fp)
+            start = fp.tell()
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if not fortran and not dtype.hasobject and start + size == len(data):
+                return dtype, tuple(shape), memoryview(data)[start:]
+    value = array.numpy()  # (np.ascontiguousarray would make a 0-d array 1-d)
+    value = value if value.flags.c_contiguous else value.copy(order="C")
+    return value.dtype, tuple(value.shape), value.tobytes()
+
+
+def _npy_array(dtype: np.dtype, shape: tuple[int, ...], values: bytes | memoryview) -> Array:
+    """The :class:`~flwr.app.Array` of these values: the same bytes as
+    ``Array(ndarray)`` (tests/test_packing.py), made with one copy where that takes
+    three."""
+    header = _npy_header(dtype.str, shape)
+    return Array(dtype=str(dtype), shape=shape, stype=SType.NUMPY, data=header + values)
+
+
+def _arrays(
+    record: ArrayRecord, offset: int, chunks: list[bytes | memoryview]
+) -> tuple[list[Any], int]:
     items = []
     for key, array in record.items():
-        value = array.numpy()  # (np.ascontiguousarray would make a 0-d array 1-d)
-        value = value if value.flags.c_contiguous else value.copy(order="C")
-        raw = value.tobytes()
-        items.append([key, value.dtype.str, list(value.shape), offset, len(raw)])
+        dtype, shape, raw = _values_of(array)
+        items.append([key, dtype.str, list(shape), offset, len(raw)])
         chunks.append(raw)
         offset += len(raw)
     return items, offset
@@ -90,9 +132,11 @@ def _encoded(header: list[Any]) -> bytes:
     return json.dumps(header, separators=(",", ":")).encode()
 
 
-def _framed(header: list[Any] | bytes, chunks: list[bytes]) -> bytes:
+def _framed(
+    header: list[Any] | bytes, chunks: list[bytes | memoryview], before: bytes = b""
+) -> bytes:
     text = header if isinstance(header, bytes) else _encoded(header)
-    return b"".join([MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
+    return b"".join([before, MAGIC, len(text).to_bytes(4, "little"), text, *chunks])
 
 
 def _values(name: str, record: Any) -> list[Any]:
@@ -119,7 +163,7 @@ def pack(
     key = tuple((n, id(r)) for n, r in arrays)
     if shared is not None and key in shared:
         return _split(content, shared[key][1])
-    chunks: list[bytes] = []
+    chunks: list[bytes | memoryview] = []
     offset = 0
     header: list[Any] = []
     for name, record in content.items():
@@ -131,8 +175,11 @@ def pack(
     text = _encoded(header)
     if len(MAGIC) + 4 + len(text) + offset <= inline_max:
         return RecordDict({PACKED: ConfigRecord({"blob": _framed(text, chunks)})})
-    part = [h for h in header if h[1] == "arrays"]
-    packed = ArrayRecord({"blob": Array(np.frombuffer(_framed(part, chunks), np.uint8))})
+    part = _encoded([h for h in header if h[1] == "arrays"])
+    size = len(MAGIC) + 4 + len(part) + offset  # the blob, framed once as its .npy
+    npy_blob = _framed(part, chunks, before=_npy_header("|u1", (size,)))
+    blob = Array(dtype="uint8", shape=(size,), stype=SType.NUMPY, data=npy_blob)
+    packed = ArrayRecord({"blob": blob})
     if shared is not None:  # the records stay referenced: their ids are not reused
         shared[key] = ([r for _, r in arrays], packed)
     return _split(content, packed)
@@ -155,11 +202,13 @@ def _data(record: Any, name: str) -> bytes | memoryview:
             raise PackingError(f"the packed value is {type(data).__name__}, not bytes")
         return data
     if isinstance(record, ArrayRecord):
-        blob = record["blob"].numpy()
-        if blob.dtype != np.uint8 or blob.ndim != 1:
-            shape = list(blob.shape)
-            raise PackingError(f"the packed array is {blob.dtype} {shape}, not uint8 [n]")
-        return memoryview(blob)  # type: ignore[arg-type]
+        try:
+            dtype, shape, values = _values_of(record["blob"])
+        except (ValueError, TypeError) as exc:
+            raise PackingError(f"the packed array does not decode ({exc})") from None
+        if dtype != np.uint8 or len(shape) != 1:
+            raise PackingError(f"the packed array is {dtype} {list(shape)}, not uint8 [n]")
+        return memoryview(values)
     raise PackingError(f"record {name!r} is a {type(record).__name__}")
 
 
@@ -203,7 +252,7 @@ def unpack(content: RecordDict) -> RecordDict:
                 raise PackingError(f"packed arrays of no record: {sorted(arrays)}")
         for name, kind, items in header:
             if kind == "arrays":
-                out[name] = ArrayRecord({key: Array(_array(body, *spec)) for key, *spec in items})
+                out[name] = ArrayRecord({key: _array(body, *spec) for key, *spec in items})
             elif kind == "metrics":
                 out[name] = MetricRecord({k: _back(v) for k, v in items.items()})
             elif kind == "configs":
@@ -217,7 +266,7 @@ def unpack(content: RecordDict) -> RecordDict:
     return out
 
 
-def _array(body: memoryview, dtype: str, shape: list[int], offset: int, nbytes: int) -> np.ndarray:
+def _array(body: memoryview, dtype: str, shape: list[int], offset: int, nbytes: int) -> Array:
     kind = np.dtype(dtype)
     if kind.kind not in DTYPES:
         raise PackingError(f"dtype {dtype} is not a number type")
@@ -226,4 +275,4 @@ def _array(body: memoryview, dtype: str, shape: list[int], offset: int, nbytes: 
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if count * kind.itemsize != nbytes or offset < 0 or offset + nbytes > len(body):
         raise PackingError(f"an array of {nbytes} bytes at {offset} does not fit {dtype} {shape}")
-    return np.frombuffer(body[offset : offset + nbytes], dtype=kind).reshape(tuple(shape)).copy()
+    return _npy_array(kind, tuple(shape), body[offset : offset + nbytes])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -88,6 +88,17 @@ def virtual_total(rounds: list[dict[str, Any]]) -> float | None:
     """Σ virtual-time-s over the rounds (None when no round was timed)."""
     times = [r["virtual-time-s"] for r in rounds if r.get("virtual-time-s") is not None]
     return sum(times) if times else None
+
+
+def release(replies: list[Message]) -> None:
+    """Empty the contents of a round's aggregated replies.
+
+    Flower's round loop keeps its ``train_replies`` until the next round's replies
+    are in, so without this a ServerApp holds two rounds of uploads at once (FedARA at
+    N = 1,000: about 3.6 GB each). Nothing reads a reply once it is aggregated."""
+    for reply in replies:
+        if reply.has_content():
+            reply.content = RecordDict()
 
 
 class Recorded(Strategy):
@@ -171,7 +182,10 @@ class Recorded(Strategy):
         }
         self._cur["train-replies"] += len(with_content)
         t0 = time.perf_counter()
-        arrays, metrics = self.inner.aggregate_train(server_round + self.offset, replies)
+        try:
+            arrays, metrics = self.inner.aggregate_train(server_round + self.offset, replies)
+        finally:
+            release(replies)
         self._cur["server-time-s"] += time.perf_counter() - t0
         self._cur["train"] = dict(metrics) if metrics is not None else None
         done = self.inner.take_completed_eval()

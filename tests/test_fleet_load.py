@@ -98,3 +98,22 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
     assert carry["incoming-peak-bytes"] > 0 and carry["incoming-now-bytes"] == 0, carry
     # each role's memory was sampled (the emulators count as SuperNodes)
     assert {"superlink", "serverapp", "supernode"} <= set(row["peak-rss-mb-by-role"])
+
+
+def test_a_run_about_to_exhaust_memory_is_stopped_and_says_where() -> None:
+    """Below the memory floor the probe interrupts the run (the main thread, whose
+    ``with`` then shuts the federation down) and records each role's memory then."""
+    import time
+    from types import SimpleNamespace
+
+    from benchmarks.fleet_load import SuperLinkProbe
+
+    groups = SimpleNamespace(placed={os.getpid(): "serverapp"})
+    probe = SuperLinkProbe(os.getpid(), groups, floor_mb=1e12)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        probe.start()
+        time.sleep(10)  # interrupted after one sample (0.5 s)
+    probe.stop.set()
+    assert probe.low_memory is not None
+    assert probe.low_memory["rss-mb-by-role"]["serverapp"] > 0
+    assert probe.low_memory["available-mb"] < 1e12

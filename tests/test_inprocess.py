@@ -169,3 +169,38 @@ def test_a_client_whose_training_diverges_keeps_its_last_good_model(
     for key, value in bad.state["fedhet.model"].items():
         assert np.isfinite(value.numpy()).all(), key
     assert res["rounds"][-1]["accuracy"] > 0.0
+
+
+def test_aggregated_replies_are_released(tmp_path: Path) -> None:
+    """Flower's round loop holds a round's replies until the next round's are in; the
+    recorder empties them once aggregated, so a ServerApp holds one round of uploads,
+    not two (their bytes are freed while the loop's list still holds the messages)."""
+    import gc
+    import tracemalloc
+
+    from common.records import content_bytes
+    from strategies.fedavg import FedAvg
+    from strategies.testing import node, reply, sized, strategy
+
+    nodes = [node(10 + i, i, arch="fedavgcnn", d=512) for i in range(8)]
+    s = strategy(FedAvg, nodes, **{"model.family": "fedavgcnn"})
+    s.global_arrays = g = s.init_global()
+    sized(s, {n.node_id: 10 for n in nodes})
+    recorder = Recorded(s, parse_run_config(small_config(tmp_path)), tmp_path / "out")
+    tracemalloc.start()
+    try:
+        replies = [
+            reply(n.node_id, {k: v + i for k, v in g.items()}, 10) for i, n in enumerate(nodes)
+        ]
+        sent = sum(content_bytes(r.content) for r in replies)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        arrays, _ = recorder.aggregate_train(1, replies)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert arrays is not None and len(replies) == 8
+    assert all(not r.content.array_records for r in replies)
+    # eight replies freed; the new global is held twice (its arrays and its record)
+    assert before - after > 0.5 * sent

@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from common.packing import MAGIC, PACKED, PACKED_RECORDS, PackingError, is_packed, pack, unpack
+from common.packing import (
+    INLINE_MAX,
+    MAGIC,
+    PACKED,
+    PACKED_RECORDS,
+    PackingError,
+    is_packed,
+    pack,
+    unpack,
+)
 
 
 def _content(rng: np.random.Generator) -> RecordDict:
@@ -45,6 +54,22 @@ def test_unpack_gives_back_exactly_what_was_packed() -> None:
     assert dict(back["config"]) == dict(content["config"])
     assert dict(back["metrics"]) == dict(content["metrics"])
     assert type(back["config"]) is ConfigRecord and type(back["metrics"]) is MetricRecord
+
+
+@pytest.mark.parametrize("inline_max", [INLINE_MAX, 0])
+def test_packing_makes_the_bytes_flower_makes(inline_max: int) -> None:
+    """Arrays built straight from the packed bytes (one copy) are byte for byte what
+    ``Array(ndarray)`` makes, so their object ids are Flower's; the split layout's
+    packed array too."""
+    content = _content(np.random.default_rng(1))
+    packed = pack(content, inline_max=inline_max)
+    for key, array in unpack(packed)["arrays"].items():
+        want = content["arrays"][key].numpy().copy(order="C")
+        assert array.data == Array(want).data, key
+        assert (array.dtype, array.shape) == (str(want.dtype), want.shape)
+    if inline_max == 0:
+        blob = packed[PACKED]["blob"]
+        assert blob.data == Array(blob.numpy()).data
 
 
 def _blob(content: RecordDict) -> bytes:
