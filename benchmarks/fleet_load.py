@@ -5,7 +5,8 @@ ServerApp with the real strategy, and N emulated SuperNodes in a few processes
 (``benchmarks.fleet_node``: each node its own key, registered as ``flwr supernode
 register`` registers it, Flower's own Fleet API client and node loop with fedhet's node
 policy; no torch: replies of the method's real shapes from templates captured here from
-fedhet's real ClientApp, after ``--delay`` seconds). Every node is sampled every round.
+fedhet's real ClientApp on five nodes, node i as partition i mod 5, after ``--delay``
+seconds). Every node is sampled every round.
 
 Measured: the registration time of N keys and the time until N nodes are online; each
 round's time and its overhead beyond the slowest node's delay; CPU seconds of the
@@ -66,10 +67,19 @@ the templates are captured with the same settings)."""
 
 
 # ------------------------------------------------------------------ templates
-def capture_templates(algorithm: str, config: dict[str, Any], work: Path) -> dict[str, Any]:
-    """Run fedhet's real ClientApp in-process for 2 rounds on 2 nodes and describe one
-    reply of each kind (profile, train, train with the previous round's evaluation,
-    evaluate)."""
+CAPTURE_NODES = 5
+"""Nodes whose replies are captured: the defaults' heterogeneity repeats every five
+partitions (a model family's five architectures, FedARA's five rank tiers), and
+emulated node i answers as captured partition i mod 5 did (its tier, its model's
+shapes)."""
+
+
+def capture_templates(
+    algorithm: str, config: dict[str, Any], work: Path, nodes: int = CAPTURE_NODES
+) -> list[dict[str, Any]]:
+    """Run fedhet's real ClientApp in-process for 2 rounds on ``nodes`` nodes and
+    describe one reply of each kind (profile, train, train with the previous round's
+    evaluation, evaluate) of each node, by partition."""
     from flwr.supercore.task_identity import TaskIdentity
 
     from benchmarks.fleet_node import describe, template_key
@@ -77,18 +87,19 @@ def capture_templates(algorithm: str, config: dict[str, Any], work: Path) -> dic
     from server_app.inprocess import run_inprocess
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    templates: dict[str, Any] = {}
+    templates: list[dict[str, Any]] = [{} for _ in range(nodes)]
 
     def capturing(message: Any, context: Any) -> Any:
         reply = client_app(message, context)
         key = template_key(message)
-        if key not in templates and not reply.has_error():
-            templates[key] = describe(reply, message)
+        own = templates[int(context.node_config["partition-id"])]
+        if key not in own and not reply.has_error():
+            own[key] = describe(reply, message)
         return reply
 
     run_inprocess(
         work / "capture",
-        2,
+        nodes,
         app=capturing,  # type: ignore[arg-type]
         algorithm=algorithm,
         **{"num-server-rounds": 2, **config},

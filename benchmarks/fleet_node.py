@@ -8,8 +8,9 @@ SuperNode has them) and Flower's own node loop functions (``_pull_and_store_mess
 when the next message is due) and fedhet's object concurrency. Where a real node hands
 the message to its executor, an emulated one answers it itself: after ``--delay``
 seconds (train and evaluate messages) it stores a reply of the method's real shapes
-and records, made from a template captured from fedhet's real ClientApp
-(``benchmarks.fleet_load``): arrays the node also received go back perturbed, others
+and records, made from the templates captured from fedhet's real ClientApp on five
+nodes (``benchmarks.fleet_load``; node i answers as partition i mod 5 did: its
+architecture, its FedARA tier): arrays the node also received go back perturbed, others
 are drawn at their template's shape; metric and config records are the template's,
 with this node's partition id. Nothing here imports torch.
 
@@ -88,6 +89,15 @@ def template_key(message: Any, content: Any = None) -> str:
 
     records = (message.content if content is None else content).config_records
     return f"{kind}+eval" if EVAL_CONFIG in records else kind
+
+
+def template_of(templates: list[dict[str, Any]], index: int, kind: str) -> dict[str, Any]:
+    """Node ``index``'s template of ``kind``: what captured partition ``index`` mod
+    the captured nodes sent (any captured node's if that one sent none of this kind)."""
+    own = templates[index % len(templates)]
+    if kind in own:
+        return own[kind]
+    return next(t[kind] for t in templates if kind in t)
 
 
 def build_reply(
@@ -176,7 +186,7 @@ class Stats:
         tmp.replace(path)
 
 
-def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:
+def run_node(args: argparse.Namespace, index: int, templates: list, stats: Stats) -> None:
     """Node ``index``: connect, then Flower's loop with fedhet's node policy, answering
     each message from its template; until the process ends."""
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -269,7 +279,8 @@ def run_node(args: argparse.Namespace, index: int, templates: dict, stats: Stats
                     if packed:
                         content = unpack(content)
                     kind = template_key(message, content)
-                    reply = build_reply(message, content, templates[kind], index, rng)
+                    template = template_of(templates, index, kind)
+                    reply = build_reply(message, content, template, index, rng)
                     del content
                     if packed:
                         reply.content = pack(reply.content)
@@ -383,7 +394,7 @@ def count_connections(stats: Stats) -> None:
     pool.create_connection = counted  # type: ignore[method-assign]
 
 
-def _guarded(args: argparse.Namespace, index: int, templates: dict, stats: Stats) -> None:
+def _guarded(args: argparse.Namespace, index: int, templates: list, stats: Stats) -> None:
     try:
         run_node(args, index, templates, stats)
         # Flower's connection swallows the error that ended its loop (and logs it)

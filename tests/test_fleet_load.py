@@ -117,3 +117,24 @@ def test_a_run_about_to_exhaust_memory_is_stopped_and_says_where() -> None:
     assert probe.low_memory is not None
     assert probe.low_memory["rss-mb-by-role"]["serverapp"] > 0
     assert probe.low_memory["available-mb"] < 1e12
+
+
+@pytest.mark.e2e
+def test_emulated_nodes_answer_as_their_captured_partition() -> None:
+    """Templates are captured per partition (FedARA: each its own tier), and node i
+    answers with partition i mod the captured nodes' template: a fleet has the tier
+    mix of a real federation, not every node at the first node's rank."""
+    import tempfile
+
+    from benchmarks.fleet_load import DATA, capture_templates
+    from benchmarks.fleet_node import template_of
+
+    with tempfile.TemporaryDirectory() as tmp:
+        templates = capture_templates("fedara", {**DATA, "eval-mode": "with-train"}, Path(tmp), 2)
+    assert [t["query.profile"]["configs"]["profile"]["rank-ratio"] for t in templates] == [1, 0.5]
+
+    def size(t: dict) -> int:
+        return sum(int(np.prod(s[0])) for r in t["arrays"].values() for s in r["keys"].values())
+
+    assert size(template_of(templates, 3, "train")) < size(template_of(templates, 4, "train"))
+    assert template_of([{}, {"train": {"x": 1}}], 0, "train") == {"x": 1}  # any that has it
