@@ -500,6 +500,17 @@ PARTS: tuple[Part, ...] = (
         "supernode, serverapp",
     ),
     Part(
+        "unpack-on-arrival",
+        "the ServerApp unpacks each packed reply as a pull inflates it, so that a pull "
+        "of many replies holds one of them packed at a time",
+        (
+            "flwr.superlink.grid.http_grid:HttpGrid.pull_messages",
+            "flwr.superlink.grid.http_grid:inflate_object_from_contents",
+        ),
+        "replies unpacked once the pull has inflated them all (each held twice)",
+        "serverapp",
+    ),
+    Part(
         "carried-confirmations",
         "with carried-objects, the replies one pull of the ServerApp brought are "
         "confirmed in one request, and a node's confirmation goes with its reply's push "

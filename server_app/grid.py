@@ -24,6 +24,7 @@ doubling to 10 s), and it moves
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Iterable
@@ -79,6 +80,24 @@ class PhaseBoundPulls:
         return self.pulls(*args, **kwargs)
 
 
+class UnpackOnArrival:
+    """Flower's ``inflate_object_from_contents`` in the grid's module, unpacking a
+    packed message as it is inflated (part ``unpack-on-arrival``). A pull inflates all
+    the replies it brought before it returns: packed, a pull of 300 FedARA replies
+    held 300 packed copies until the grid unpacked them (traced: 708 MB in 91 blocks
+    at N = 100). One that does not unpack stays packed, for the grid to reject."""
+
+    def __init__(self, inflate: Any) -> None:
+        self.inflate = inflate
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        found = self.inflate(*args, **kwargs)
+        if isinstance(found, Message) and found.has_content() and is_packed(found.content):
+            with contextlib.suppress(PackingError):
+                found.content = unpack(found.content)
+        return found
+
+
 class PollingGrid(Grid):
     """``grid`` with ``send_and_receive`` polling by ``mode`` (:data:`REPLY_POLLS`);
     every other method is the wrapped grid's."""
@@ -132,6 +151,11 @@ class PollingGrid(Grid):
             pulls = module.pull_objects
             base = pulls.pulls if isinstance(pulls, PhaseBoundPulls) else pulls
             flower_gate.replace(module, "pull_objects", carry.pulls(base))
+        if pack and flower_gate.use("unpack-on-arrival"):
+            module = importlib.import_module(HTTP_GRID)
+            inflate = module.inflate_object_from_contents
+            base = inflate.inflate if isinstance(inflate, UnpackOnArrival) else inflate
+            flower_gate.replace(module, "inflate_object_from_contents", UnpackOnArrival(base))
         if count is not None or self.mode != "flower":
             module = importlib.import_module(HTTP_GRID)
             if hasattr(module, "pull_objects"):

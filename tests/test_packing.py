@@ -252,3 +252,26 @@ def test_the_clientapp_answers_packed_with_packed_and_plain_with_plain() -> None
     bad.metadata.__dict__["_message_id"] = bad.object_id
     answer = packing(bad, context, handler)
     assert answer.has_error() and "unpack" in answer.error.reason
+
+
+def test_a_pulled_reply_is_unpacked_as_it_is_inflated() -> None:
+    """Part unpack-on-arrival: the packing grid has Flower's pull inflate each reply
+    unpacked, so a pull of many replies never holds them all packed; one that does
+    not unpack stays packed for the grid to reject."""
+    import importlib
+
+    from server_app.grid import HTTP_GRID, PollingGrid, UnpackOnArrival
+
+    content = _content(np.random.default_rng(3))
+    PollingGrid(_Grid(lambda m: m), pack=True)  # type: ignore[arg-type]
+    inflate = importlib.import_module(HTTP_GRID).inflate_object_from_contents
+    assert isinstance(inflate, UnpackOnArrival)
+    PollingGrid(_Grid(lambda m: m), pack=True)  # type: ignore[arg-type]
+    again = importlib.import_module(HTTP_GRID).inflate_object_from_contents
+    assert again.inflate is inflate.inflate  # wrapped once, however many grids
+
+    sent = Message(pack(content, inline_max=0), dst_node_id=9, message_type="train.x")
+    got = UnpackOnArrival(lambda *_: sent)("id", {})
+    assert not is_packed(got.content) and list(got.content) == list(content)
+    bad = Message(_with_blob(b"garbage"), dst_node_id=9, message_type="train.x")
+    assert is_packed(UnpackOnArrival(lambda *_: bad)("id", {}).content)
