@@ -138,3 +138,35 @@ def test_emulated_nodes_answer_as_their_captured_partition() -> None:
 
     assert size(template_of(templates, 3, "train")) < size(template_of(templates, 4, "train"))
     assert template_of([{}, {"train": {"x": 1}}], 0, "train") == {"x": 1}  # any that has it
+
+
+def test_a_stored_reply_waits_as_its_bytes_alone() -> None:
+    """The emulated node keeps a reply as its objects' bytes in its store and the
+    message without content: the push reads the store, and nothing else holds the
+    reply's arrays while the node waits."""
+    import gc
+    import tracemalloc
+
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+    from flwr.supercore.object_store import ObjectStoreFactory
+
+    from benchmarks.fleet_node import stored
+    from common.packing import pack
+
+    store = ObjectStoreFactory().store()
+    values = np.random.default_rng(0).normal(size=(1000, 1000)).astype(np.float32)  # 4 MB
+    tracemalloc.start()
+    try:
+        reply = Message(
+            pack(RecordDict({"arrays": ArrayRecord({"w": Array(values)})}), inline_max=0),
+            reply_to=_instruction(),
+        )
+        reply = stored(reply, store, run_id=1)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert not reply.content.array_records and not reply.content.config_records
+    tree = store.get_object_tree(reply.metadata.message_id)
+    assert all(store.get(t.object_id) is not None for t in iterate_object_tree(tree))
+    assert held < 1.25 * values.nbytes  # one copy: the store's
