@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,27 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
+class LowMemory(Exception):
+    """Raised in the main thread when :class:`SuperLinkProbe` saw the machine's
+    available memory fall below its floor."""
+
+
+@contextlib.contextmanager
+def stopped_on_low_memory() -> Iterator[None]:
+    """While inside, the probe's signal (``SIGUSR1``) raises :class:`LowMemory` in
+    the main thread. Its own signal, not SIGINT: a process started in the background
+    by a shell ignores SIGINT, and Python then never raises KeyboardInterrupt."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise LowMemory
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def available_mb() -> float | None:
     """The machine's available memory (``MemAvailable``), MB."""
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -298,7 +320,7 @@ class SuperLinkProbe(threading.Thread):
                         "rss-mb-by-role": {k: round(v) for k, v in sorted(now.items())},
                     }
                     # a signal, not interrupt_main(): it also ends a blocking wait
-                    os.kill(os.getpid(), signal.SIGINT)  # the run stops; the federation too
+                    os.kill(os.getpid(), signal.SIGUSR1)  # the run stops; the federation too
             mine = rss_mb(self.pid)
             self.peak_rss_mb = max(self.peak_rss_mb, mine.get("VmRSS", 0.0))
             for field in ("RssAnon", "RssFile"):
@@ -381,10 +403,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         first.start()
         c0, r0, t0 = groups.usage(), read_counts(fed.counts_path), time.monotonic()
         try:
-            outcome = fed.run(overrides, timeout=args.round_timeout * (args.rounds + 2))
-        except KeyboardInterrupt:
-            if probe.low_memory is None:
-                raise
+            with stopped_on_low_memory():
+                outcome = fed.run(overrides, timeout=args.round_timeout * (args.rounds + 2))
+        except LowMemory:
             probe.stop.set()
             return out_of_memory(args, probe, out / "results.json")
         wall = time.monotonic() - t0

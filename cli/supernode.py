@@ -1539,7 +1539,12 @@ def carried_node_objects() -> None:
     objects in their pushes (:mod:`common.carry`; a SuperLink that does not offer it
     gets Flower's requests), and the node's object pulls take those first."""
     on_fleet_client(
-        lambda client, _url: carry.attach(client, (carry.FLEET_PULL,), (carry.FLEET_PUSH,))
+        lambda client, _url: carry.attach(
+            client,
+            (carry.FLEET_PULL,),
+            (carry.FLEET_PUSH,),
+            push_patience_s=carry.NODE_PUSH_PATIENCE_S,
+        )
     )
     loop = importlib.import_module(SUPERNODE_LOOP)
     replace(loop, "pull_objects", carry.pulls(flower_internal(SUPERNODE_LOOP, "pull_objects")))

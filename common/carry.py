@@ -66,6 +66,12 @@ RUNTIME_PUSH = "/v1/runtime/push-messages"
 FRAME = struct.Struct(">HQ")
 RUNTIME_PATIENCE_S = 600.0
 """How long the ServerApp waits for the answer to a push or poll of its messages."""
+NODE_PUSH_PATIENCE_S = 600.0
+"""How long a node waits to send its carried reply and for the answer. The SuperLink
+lets a push over its budget of incoming bytes wait unread (:data:`INFLIGHT_MB`): with
+Flower's 30 s a node gave up on such a push and sent it again, and the new push
+replaced the first one's object session, whose objects then failed (1,000 FedARA
+nodes on one SuperLink lost 4 replies in round 1 so)."""
 BUDGET_MB = 64.0
 """Bytes of objects one answer carries at most (``FEDHET_CARRY_MB``): a ServerApp's
 pull of a thousand replies of a large model must not become one answer of gigabytes."""
@@ -155,6 +161,7 @@ def attach(
     pulls: tuple[str, ...],
     pushes: tuple[str, ...],
     patience_s: float | None = None,
+    push_patience_s: float | None = None,
 ) -> None:
     """``client`` (an ``httpx.Client``) asks for carried objects on the paths in
     ``pulls`` and carries :attr:`_Local.outgoing` on the paths in ``pushes``, once
@@ -163,7 +170,9 @@ def attach(
     messages with their objects takes the SuperLink more than Flower's 30 s when it
     is loaded: the client then sent it again, the new push took the messages'
     objects over from the first, whose carried objects were all refused and pushed
-    one request each)."""
+    one request each); ``push_patience_s`` the same for the paths in ``pushes`` alone.
+    Patience covers sending the request too (a body the server leaves unread blocks
+    its sender)."""
     offered = [False]
     send = client.send
 
@@ -171,9 +180,13 @@ def attach(
         path = request.url.path
         if path in (FLEET_CONFIRM, RUNTIME_CONFIRM, FLEET_PUSH) and LOCAL.confirmed:
             request.headers[CONFIRMED] = ",".join(LOCAL.confirmed)
-        if patience_s is not None and (path in pulls or path in pushes):
+        patience = patience_s if path in pulls else None
+        if path in pushes:
+            patience = max(patience_s or 0.0, push_patience_s or 0.0) or None
+        if patience is not None:
             timeout = dict(request.extensions.get("timeout") or {})
-            timeout["read"] = max(timeout.get("read") or 0.0, patience_s)
+            for phase in ("read", "write"):
+                timeout[phase] = max(timeout.get(phase) or 0.0, patience)
             request.extensions["timeout"] = timeout
         if path in pulls:
             LOCAL.received = {}

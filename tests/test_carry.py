@@ -101,6 +101,13 @@ def test_a_patient_client_waits_long_for_its_pushes_and_polls_only() -> None:
         client.post(path, content=b"REQ")
     reads = [request.extensions["timeout"]["read"] for request in seen]
     assert reads == [600.0, 600.0, 30.0]
+    assert seen[0].extensions["timeout"]["write"] == 600.0  # an unread body blocks it
+    seen.clear()  # a node: patient with its pushes alone (its polls are held, timed so)
+    node = httpx.Client(transport=httpx.MockTransport(handle), base_url="http://sl", timeout=30.0)
+    carry.attach(node, ("/pull",), ("/push",), push_patience_s=300.0)
+    for path in ("/push", "/pull", "/heartbeat"):
+        node.post(path, content=b"REQ")
+    assert [request.extensions["timeout"]["write"] for request in seen] == [300.0, 30.0, 30.0]
 
 
 def test_a_client_asks_and_carries_only_once_offered_and_keeps_sound_objects() -> None:

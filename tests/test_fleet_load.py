@@ -103,16 +103,21 @@ def test_three_emulated_nodes_complete_a_run_with_every_reply(tmp_path: Path) ->
 def test_a_run_about_to_exhaust_memory_is_stopped_and_says_where() -> None:
     """Below the memory floor the probe interrupts the run (the main thread, whose
     ``with`` then shuts the federation down) and records each role's memory then."""
+    import signal
     import time
     from types import SimpleNamespace
 
-    from benchmarks.fleet_load import SuperLinkProbe
+    from benchmarks.fleet_load import LowMemory, SuperLinkProbe, stopped_on_low_memory
 
     groups = SimpleNamespace(placed={os.getpid(): "serverapp"})
     probe = SuperLinkProbe(os.getpid(), groups, floor_mb=1e12)  # type: ignore[arg-type]
-    with pytest.raises(KeyboardInterrupt):
-        probe.start()
-        time.sleep(10)  # interrupted after one sample (0.5 s)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job
+    try:
+        with pytest.raises(LowMemory), stopped_on_low_memory():
+            probe.start()
+            time.sleep(10)  # interrupted after one sample (0.5 s)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     probe.stop.set()
     assert probe.low_memory is not None
     assert probe.low_memory["rss-mb-by-role"]["serverapp"] > 0
