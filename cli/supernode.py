@@ -124,6 +124,12 @@ def keep_alive_of(response: Any) -> float | None:
 PULL_PATH = "/v1/fleet/pull-messages"
 HOLD_MAX_S = 120.0
 """The longest hold a node asks for, whatever its SuperLink offers."""
+HELD_POLL_GRACE_S = 120.0
+"""How long past its hold a node waits for a held poll's answer (Flower waits 30 s
+for any answer). A SuperLink moving a FedARA round of 1,000 nodes answered held polls
+more than 30 s late, and a node that hung up first lost the message the SuperLink had
+claimed for it meanwhile (the answer was written before the hang-up was seen): 13 of
+1,000 nodes never got their round's message."""
 HELD = threading.local()
 """Per node thread: how long the SuperLink held this thread's last poll (``seconds``)."""
 
@@ -257,7 +263,8 @@ def follow_superlink(client: Any, learn: Callable[[float], None], hold: bool | N
             if asking and known["holds"] > 0:
                 request.headers["x-fedhet-hold"] = f"{known['holds']:g}"
                 timeout = dict(request.extensions.get("timeout") or {})
-                timeout["read"] = (timeout.get("read") or 30.0) + known["holds"]
+                read = max(timeout.get("read") or 30.0, HELD_POLL_GRACE_S)
+                timeout["read"] = read + known["holds"]
                 request.extensions["timeout"] = timeout
                 declared = AliveInterval.declared
                 if known["alive"] and declared is not None:
