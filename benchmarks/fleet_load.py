@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -536,7 +537,13 @@ def main() -> None:
         row = measure(args, args.workdir.resolve())
     else:
         with tempfile.TemporaryDirectory(prefix="fedhet-fleet-load-") as tmp:
-            row = measure(args, Path(tmp))
+            try:
+                row = measure(args, Path(tmp))
+            except SystemExit:  # a failed run: its logs outlive the temporary folder
+                kept = args.out.parent / f"fleet-load-logs-{time.strftime('%Y%m%d-%H%M%S')}"
+                shutil.copytree(Path(tmp) / "fed" / "logs", kept, dirs_exist_ok=True)
+                print(f"the run's logs: {kept}", file=sys.stderr)
+                raise
     rows = json.loads(args.out.read_text()) if args.out.exists() else []
     parts_off = os.environ.get("FEDHET_FLOWER_PARTS_OFF", "")
     rows.append({**row, "parts-off": parts_off, "date": time.strftime("%Y-%m-%d %H:%M")})
