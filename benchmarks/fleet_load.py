@@ -540,9 +540,11 @@ def main() -> None:
             try:
                 row = measure(args, Path(tmp))
             except SystemExit:  # a failed run: its logs outlive the temporary folder
+                logs = Path(tmp) / "fed" / "logs"
                 kept = args.out.parent / f"fleet-load-logs-{time.strftime('%Y%m%d-%H%M%S')}"
-                shutil.copytree(Path(tmp) / "fed" / "logs", kept, dirs_exist_ok=True)
-                print(f"the run's logs: {kept}", file=sys.stderr)
+                if logs.is_dir():
+                    shutil.copytree(logs, kept, dirs_exist_ok=True)
+                    print(f"the run's logs: {kept}", file=sys.stderr)
                 raise
     rows = json.loads(args.out.read_text()) if args.out.exists() else []
     parts_off = os.environ.get("FEDHET_FLOWER_PARTS_OFF", "")
