@@ -334,13 +334,8 @@ class SuperLinkProbe(threading.Thread):
 
 
 # ------------------------------------------------------------------ one measurement
-def out_of_memory(args: argparse.Namespace, probe: SuperLinkProbe, results: Path) -> dict:
-    """The row of a run stopped for memory (see :class:`SuperLinkProbe`): where it
-    broke, each role's peak and the rounds it completed."""
-    done = []
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        done = json.loads(results.read_text())["rounds"]
-    print(f"N={args.nodes}: stopped, memory below {args.memory_floor_mb} MB: {probe.low_memory}")
+def run_facts(args: argparse.Namespace) -> dict[str, Any]:
+    """What a row says of the run it measured, whatever its outcome."""
     return {
         "nodes": args.nodes,
         "algorithm": args.algorithm,
@@ -349,14 +344,31 @@ def out_of_memory(args: argparse.Namespace, probe: SuperLinkProbe, results: Path
         "config": parse_overrides(args.config),
         "rounds": args.rounds,
         "delay-s": args.delay,
+        "jitter-s": args.jitter,
         "processes": args.processes,
+    }
+
+
+def peaks_by_role(probe: SuperLinkProbe) -> dict[str, int]:
+    return {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())}
+
+
+def out_of_memory(args: argparse.Namespace, probe: SuperLinkProbe, results: Path) -> dict:
+    """The row of a run stopped for memory (see :class:`SuperLinkProbe`): where it
+    broke, each role's peak and the rounds it completed."""
+    done = []
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        done = json.loads(results.read_text())["rounds"]
+    print(f"N={args.nodes}: stopped, memory below {args.memory_floor_mb} MB: {probe.low_memory}")
+    return {
+        **run_facts(args),
         "broke": "memory",
         "low-memory": probe.low_memory,
         "rounds-done": len(done),
         "round-time-s": [r["round-time-s"] for r in done],
         "valid-replies": [r.get("valid-replies") for r in done],
         "superlink-peak-rss-mb": probe.peak_rss_mb,
-        "peak-rss-mb-by-role": {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())},
+        "peak-rss-mb-by-role": peaks_by_role(probe),
         "rss-timeline-mb": probe.timeline,
     }
 
@@ -427,15 +439,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     slowest = args.delay + args.jitter
     cpu, req = minus(c1, c0), minus(r1, r0)
     row: dict[str, Any] = {
-        "nodes": n,
-        "algorithm": args.algorithm,
-        "state": "memory" if args.memory_state else "database",
-        "nodes-kind": "real" if args.real else "emulated",
-        "config": parse_overrides(args.config),
-        "rounds": args.rounds,
-        "delay-s": args.delay,
-        "jitter-s": args.jitter,
-        "processes": args.processes,
+        **run_facts(args),
         **timings,
         "run-wall-s": wall,
         "round-time-s": [r["round-time-s"] for r in rounds],
@@ -452,7 +456,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "superlink-peak-rss-anon-file-mb": [
             round(probe.peak_split_mb.get(k, 0.0)) for k in ("RssAnon", "RssFile")
         ],
-        "peak-rss-mb-by-role": {k: round(v) for k, v in sorted(probe.peak_role_rss_mb.items())},
+        "peak-rss-mb-by-role": peaks_by_role(probe),
         "carry": carried,
         "rss-timeline-mb": probe.timeline,
     }

@@ -37,11 +37,11 @@ NOISE = 1e-4
 """Relative noise on arrays sent back: every reply's objects are new (Flower
 deduplicates identical objects, which would understate the bytes)."""
 REPLY_SLOTS = threading.BoundedSemaphore(4)
-"""Nodes of one process decoding a message and building its reply at a time. Each
-holds the message's objects, its arrays, the reply's arrays and its bytes at once
-(four or five copies of a FedARA message of 2-8 MB): with every node of a round at
-it together, 300 nodes peaked at 9.2 GB. The nodes share a process's GIL, so more
-at once would not answer sooner."""
+"""Nodes of one process decoding a message and building its reply at a time: each
+holds the message's objects, its arrays, the reply's arrays and its bytes at once, a
+transient of four or five copies of a FedARA message, bounded so. (Measured alone it
+did not lower the emulators' peak, which was the replies waiting, see :func:`stored`.)
+The nodes share a process's GIL, so more at once would not answer sooner."""
 
 
 # ------------------------------------------------------------------ templates

@@ -95,7 +95,7 @@ def release(replies: list[Message]) -> None:
 
     Flower's round loop keeps its ``train_replies`` until the next round's replies
     are in, so without this a ServerApp holds two rounds of uploads at once (FedARA at
-    N = 1,000: about 3.6 GB each). Nothing reads a reply once it is aggregated."""
+    N = 1,000: about 3.4 GB each). Nothing reads a reply once it is aggregated."""
     for reply in replies:
         if reply.has_content():
             reply.content = RecordDict()
