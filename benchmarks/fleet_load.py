@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -50,6 +51,7 @@ from benchmarks.server_cost import (
     FirstRound,
     RoleGroups,
     carry_path,
+    latency_path,
     minus,
     read_counts,
     request_kind,
@@ -334,6 +336,53 @@ class SuperLinkProbe(threading.Thread):
 
 
 # ------------------------------------------------------------------ one measurement
+def answer_times(counts: Path) -> dict[str, Any]:
+    """The SuperLink's answer times (:class:`benchmarks.server_cost.CountRequests`):
+    the slowest answer by kind; the task heartbeats each (seconds since the SuperLink
+    started, seconds to the answer, status) and the longest gap between two; the node
+    heartbeats' count, median, slowest and how many took over 10 s; the longest
+    turns at the SuperLink's database lock and whose they were."""
+    try:
+        times = json.loads(latency_path(counts).read_text())
+    except (OSError, ValueError):
+        return {}
+    beats = times.get("heartbeats", {})
+    tasks = beats.get("/v1/runtime/send-task-heartbeat", [])
+    nodes = [took for _, took, _ in beats.get("/v1/fleet/send-node-heartbeat", [])]
+    arrivals = [at for at, _, _ in tasks]
+    return {
+        "slowest-s": {request_kind(k): round(v, 3) for k, v in sorted(times["slowest-s"].items())},
+        "longest-database-turns": times.get("longest-database-turns", []),
+        "task-heartbeats": tasks,
+        "task-heartbeat-longest-gap-s": max(
+            (b - a for a, b in zip(arrivals, arrivals[1:], strict=False)), default=None
+        ),
+        "node-heartbeats": {
+            "count": len(nodes),
+            "median-s": statistics.median(nodes) if nodes else None,
+            "slowest-s": max(nodes, default=None),
+            "over-10-s": sum(took > 10 for took in nodes),
+        },
+    }
+
+
+def ended_tasks(database: Path) -> list[dict[str, Any]]:
+    """The tasks in the SuperLink's state file (``[]`` with the state in memory):
+    how each ended and why (a task whose heartbeats stopped is ended "FAILED" with
+    "No heartbeat received from the task")."""
+    if not database.exists():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            rows = db.execute(
+                "SELECT type, running_at, finished_at, sub_status, details FROM task"
+            ).fetchall()
+    except sqlite3.Error as exc:
+        return [{"error": str(exc)}]
+    keys = ("type", "running-at", "finished-at", "sub-status", "details")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
 def run_facts(args: argparse.Namespace) -> dict[str, Any]:
     """What a row says of the run it measured, whatever its outcome."""
     return {
@@ -430,10 +479,15 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with contextlib.suppress(OSError, ValueError):
             carried = json.loads(carry_path(fed.counts_path).read_text())
         timings = dict(fed.timings)
+    answers = answer_times(fed.counts_path)
     if not outcome.ok:
         tail = outcome.log_path.read_text(errors="replace")[-3000:]
         errors = "\n".join(emulated["errors"][:5])
-        raise SystemExit(f"N={n}: run {outcome.status}:\n{tail}\nemulators: {errors}")
+        tasks = json.dumps(ended_tasks(fed.workdir / "superlink.db"), indent=1)
+        raise SystemExit(
+            f"N={n}: run {outcome.status}:\n{tail}\nemulators: {errors}\n"
+            f"the SuperLink's tasks: {tasks}\nits answer times: {json.dumps(answers)}"
+        )
     results = json.loads((out / "results.json").read_text())
     rounds = results["rounds"]
     slowest = args.delay + args.jitter
@@ -458,6 +512,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ],
         "peak-rss-mb-by-role": peaks_by_role(probe),
         "carry": carried,
+        "answer-times": answers,
         "rss-timeline-mb": probe.timeline,
     }
     node_rounds = n * args.rounds

@@ -90,32 +90,71 @@ ROUND_LENGTHS_S = (30.0, 300.0)
 
 
 # ---------------------------------------------------------------------- SuperLink
+HEARTBEAT_PATHS = ("/v1/runtime/send-task-heartbeat", "/v1/fleet/send-node-heartbeat")
+"""The heartbeats whose every answer :class:`CountRequests` times (a task or node
+whose heartbeats are answered late is ended or called unavailable by the SuperLink)."""
+
+
 class CountRequests:
-    """ASGI middleware: counts requests by path into :attr:`counts`."""
+    """ASGI middleware: counts requests by path into :attr:`counts`; times each one
+    from its arrival to its answer's start: the slowest by path in :attr:`slowest`,
+    each heartbeat (:data:`HEARTBEAT_PATHS`: seconds since the process started, the
+    time to its answer, its status) in :attr:`heartbeats`."""
 
     counts: dict[str, int] = {}
+    slowest: dict[str, float] = {}
+    heartbeats: dict[str, list[tuple[float, float, int]]] = {}
     lock = threading.Lock()
+    started = time.monotonic()
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") == "http":
-            path = str(scope.get("path", ""))
-            with self.lock:
-                self.counts[path] = self.counts.get(path, 0) + 1
-        await self.app(scope, receive, send)
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        with self.lock:
+            self.counts[path] = self.counts.get(path, 0) + 1
+        arrived = time.monotonic()
+
+        async def timed(message: Any) -> None:
+            if message.get("type") == "http.response.start":
+                self.answered(path, arrived, int(message.get("status", 0)))
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+    @classmethod
+    def answered(cls, path: str, arrived: float, status: int) -> None:
+        took = time.monotonic() - arrived
+        with cls.lock:
+            cls.slowest[path] = max(cls.slowest.get(path, 0.0), took)
+            if path in HEARTBEAT_PATHS:
+                cls.heartbeats.setdefault(path, []).append(
+                    (round(arrived - cls.started, 3), round(took, 3), status)
+                )
 
 
 def _write_counts(path: Path) -> None:
     """Every 0.2 s, for as long as the process runs: a failed write (e.g. the folder
     removed) is tried again, and the file never holds a partial write."""
-    from cli.superlink import INCOMING, INFLIGHT
+    from cli.superlink import DATABASE_LOCK, INCOMING, INFLIGHT
 
-    carried = carry_path(path)
+    carried, timed = carry_path(path), latency_path(path)
     while True:
         with CountRequests.lock:
             text = json.dumps(CountRequests.counts)
+            times = json.dumps(
+                {
+                    "slowest-s": CountRequests.slowest,
+                    "heartbeats": CountRequests.heartbeats,
+                    "longest-database-turns": [
+                        [round(held, 3), what] for held, what in DATABASE_LOCK.longest
+                    ],
+                }
+            )
         with INFLIGHT.lock:
             carry = {
                 "inflight-peak-bytes": INFLIGHT.peak,
@@ -129,7 +168,7 @@ def _write_counts(path: Path) -> None:
                 "incoming-waits": INCOMING.waits,
             }
         )
-        for target, content in ((path, text), (carried, json.dumps(carry))):
+        for target, content in ((path, text), (carried, json.dumps(carry)), (timed, times)):
             tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 tmp.write_text(content)
@@ -137,6 +176,12 @@ def _write_counts(path: Path) -> None:
             except OSError as exc:
                 print(f"server_cost: {target} not written: {exc}", file=sys.stderr)
         time.sleep(0.2)
+
+
+def latency_path(counts: Path) -> Path:
+    """Where the counting SuperLink writes its answer times (:class:`CountRequests`:
+    the slowest by path, every heartbeat)."""
+    return counts.with_name(counts.stem + "-latency.json")
 
 
 def carry_path(counts: Path) -> Path:

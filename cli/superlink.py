@@ -80,6 +80,10 @@ the code it was checked against:
   database, the traffic records (an update of the run's row for every poll, push and
   object moved) summed and the held polls' heartbeats gathered, and written together
   every :data:`WRITES_S` seconds, one transaction per state.
+* ``superlink-urgent-first`` (:func:`urgent_first`): the heartbeats, the ServerApp
+  task's and the nodes', are answered in threads of their own and go first at the
+  database lock (Flower's wait in line with every request, and a task heartbeat
+  answered after 60 s ends the ServerApp's task).
 * ``superlink-released-claims`` (:func:`release`): a message marked delivered for a
   poll whose answer did not reach the node (its handler failed after the claim, or
   the node of a held poll hung up) is made undelivered again, for the node's next
@@ -1887,14 +1891,101 @@ def indexed_message_pulls(whole_only: bool = False) -> None:
 BUSY_S = 20.0
 """How long a database request waits for SQLite's lock held by another process
 (Flower: 5 s)."""
-DATABASE_LOCK = threading.RLock()
-"""One database transaction at a time in the SuperLink (part
-``superlink-database-lock``)."""
+
+URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("fedhet_urgent", default=False)
+"""Set for a request that goes first (part ``superlink-urgent-first``): in its
+threads and at :data:`DATABASE_LOCK`."""
+
+
+class TurnLock:
+    """A re-entrant lock handed over in turns: to the thread that waited longest,
+    an urgent waiter (:data:`URGENT` when it asked) before every other. A thread
+    that waits blocks on an event of its own; the holder that lets go hands the lock
+    to the next one (no wake of every waiter, no race to take it)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._queues: tuple[list[tuple[threading.Event, int]], ...] = ([], [])
+        self._since = 0.0
+        self.longest: list[tuple[float, str]] = []
+        """The longest turns (a diagnostic): seconds held, what held it (the state's
+        method that opened the transaction), at most :data:`LONGEST_TURNS`."""
+
+    def acquire(self, urgent: bool = False) -> None:
+        me = threading.get_ident()
+        with self._mutex:
+            if self._owner == me or self._owner is None:
+                if self._owner is None:
+                    self._since = time.monotonic()
+                self._owner, self._depth = me, self._depth + 1
+                return
+            turn = threading.Event()
+            self._queues[0 if urgent else 1].append((turn, me))
+        turn.wait()  # the lock is ours once set (see release)
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("TurnLock released by a thread that does not hold it")
+            self._depth -= 1
+            if self._depth:
+                return
+            now = time.monotonic()
+            held = now - self._since
+            if len(self.longest) < LONGEST_TURNS or held > self.longest[-1][0]:
+                self.longest = sorted([*self.longest, (held, holder())], reverse=True)[
+                    :LONGEST_TURNS
+                ]
+            queue = self._queues[0] or self._queues[1]
+            if not queue:
+                self._owner = None
+                return
+            turn, self._owner = queue.pop(0)
+            self._depth, self._since = 1, now
+        turn.set()
+
+    @contextlib.contextmanager
+    def held(self, urgent: bool = False) -> Iterator[None]:
+        self.acquire(urgent)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def __enter__(self) -> None:
+        self.acquire(URGENT.get())
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+LONGEST_TURNS = 10
+
+
+def holder() -> str:
+    """The state's method (Flower's, or fedhet's) whose transaction ends here: the
+    outermost frame of this thread in a state or object store class."""
+    frame, found = sys._getframe(2), "?"
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        name = type(owner).__name__ if owner is not None else ""
+        if name.endswith(("State", "Store", "Writes")):
+            found = f"{name}.{frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return found
+
+
+DATABASE_LOCK = TurnLock()
+"""One database transaction at a time in the SuperLink, in turns, urgent requests'
+first (part ``superlink-database-lock``)."""
 
 
 def locked_session(flowers: Callable[..., Any]) -> Callable[..., Any]:
     """``SqlMixin.session`` that holds :data:`DATABASE_LOCK` for the whole outermost
-    transaction (re-entrant: a nested session of the same thread goes on)."""
+    transaction (re-entrant: a nested session of the same thread goes on); an
+    :data:`URGENT` request's turn comes before the others'."""
 
     @contextlib.contextmanager
     def session(self: Any) -> Iterator[Any]:
@@ -1926,6 +2017,80 @@ def database_lock(seconds: float = BUSY_S) -> None:
     flowers = cls.__dict__["session"]
     flowers = getattr(flowers, "flowers", flowers)  # Flower's own, once replaced
     cls.session = locked_session(flowers)
+
+
+URGENT_PATHS = ("/v1/runtime/send-task-heartbeat", "/v1/fleet/send-node-heartbeat")
+"""The requests that go first (part ``superlink-urgent-first``): the heartbeats. A
+task heartbeat answered later than Flower's patience (2 x 30 s from the last one)
+ends the ServerApp's task, a node's makes it unavailable for the round."""
+URGENT_THREADS = 4
+_URGENT_POOL: list[Any] = []
+THREADPOOL_USERS = (
+    "fastapi.routing",
+    "fastapi.dependencies.utils",
+    "flwr.supercore.protobuf.routing",
+    "flwr.superlink.routers.fleet.node_auth",
+    "flwr.superlink.routers.fleet.middlewares",
+    "flwr.superlink.routers.control.middlewares",
+    "flwr.supercore.routers.runtime.responses",
+)
+"""The modules that run a request's blocking work (a route, a dependency, Flower's
+protobuf routes, its node authentication, its middlewares) through Starlette's
+``run_in_threadpool``, each given :func:`urgent_first_threads`'."""
+
+
+class Urgent:
+    """An ASGI middleware that marks the requests to :data:`URGENT_PATHS` urgent."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and scope.get("path") in URGENT_PATHS:
+            token = URGENT.set(True)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                URGENT.reset(token)
+        else:
+            await self.app(scope, receive, send)
+
+
+def urgent_first_threads(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Starlette's ``run_in_threadpool`` (a handler or dependency that is not a
+    coroutine, run in one of 40 worker threads taken in turn by every request) that
+    runs an :data:`URGENT` request's in one of :data:`URGENT_THREADS` threads of its
+    own instead."""
+
+    async def run_in_threadpool(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not URGENT.get():
+            return await flowers(func, *args, **kwargs)
+        if not _URGENT_POOL:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _URGENT_POOL.append(ThreadPoolExecutor(URGENT_THREADS, "fedhet-urgent"))
+        call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(_URGENT_POOL[0], call)
+
+    run_in_threadpool.flowers = flowers  # type: ignore[attr-defined]
+    return run_in_threadpool
+
+
+def urgent_first() -> None:
+    """Part ``superlink-urgent-first``: the heartbeats (:data:`URGENT_PATHS`) are
+    answered ahead of the rest: in threads of their own (:func:`urgent_first_threads`),
+    and, with part ``superlink-database-lock``, first at the database lock
+    (:class:`TurnLock`). Flower's go in the queue with every other request: at a
+    thousand FedARA nodes with the state in a database, task heartbeats waited up to
+    41 s for their answer, node heartbeats 18 s (median), and the SuperLink ended the
+    ServerApp's task ("No heartbeat received from the task")."""
+    from starlette.middleware import Middleware
+
+    for name in THREADPOOL_USERS:
+        module = importlib.import_module(name)
+        flowers = gate.original(module, "run_in_threadpool")
+        gate.replace(module, "run_in_threadpool", urgent_first_threads(flowers))
+    in_front([Middleware(Urgent)])
 
 
 def released_claims() -> None:
@@ -2080,6 +2245,8 @@ def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
             carried_confirmations()
     if (memory or database) and gate.use("superlink-released-claims"):
         released_claims()
+    if gate.use("superlink-urgent-first"):
+        urgent_first()
     if outermost:
         in_front(outermost)
     sys.argv = ["flower-superlink", *argv]

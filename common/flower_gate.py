@@ -384,6 +384,32 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-urgent-first",
+        "the heartbeats (the ServerApp task's, the nodes') are answered in threads of "
+        "their own and go first at the database lock (Flower: in line with every "
+        "request; a task heartbeat answered after 60 s ends the ServerApp's task)",
+        (
+            "fastapi.routing:run_in_threadpool",
+            "fastapi.routing:run_endpoint_function",
+            "fastapi.dependencies.utils:run_in_threadpool",
+            "fastapi.dependencies.utils:solve_dependencies",
+            "flwr.supercore.protobuf.routing:run_in_threadpool",
+            "flwr.supercore.protobuf.routing:ProtobufRoute.__init__",
+            "flwr.superlink.routers.fleet.node_auth:run_in_threadpool",
+            "flwr.superlink.routers.fleet.node_auth:NodeAuthMiddleware.dispatch",
+            "flwr.superlink.routers.fleet.middlewares:run_in_threadpool",
+            "flwr.superlink.routers.control.middlewares:run_in_threadpool",
+            "flwr.supercore.routers.runtime.responses:run_in_threadpool",
+            "flwr.superlink.routers.fleet.router:fleet_send_node_heartbeat",
+            "flwr.supercore.routers.runtime.router:send_task_heartbeat",
+            "flwr.supercore.corestate.sql_corestate:SqlCoreState.acknowledge_task_heartbeat",
+            "flwr.common.constant:HEARTBEAT_PATIENCE",
+            "flwr.common.constant:HEARTBEAT_DEFAULT_INTERVAL",
+        ),
+        "heartbeats in line with every other request",
+        "superlink",
+    ),
+    Part(
         "superlink-keep-alive",
         "the SuperLink keeps an idle connection 60 s (FEDHET_KEEPALIVE_S) and names it in "
         "a Keep-Alive header that fedhet supernode follows (Flower: uvicorn's 5 s, so a "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 import time
 from typing import Any
 
@@ -492,7 +493,7 @@ def test_messages_a_carried_push_is_storing_are_not_whole_and_ask_no_query(
 
 
 def test_a_message_whose_sender_still_pushes_objects_is_whole_when_they_arrived(
-    database: Any,
+    database: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a carried push that left objects to the ServerApp: its message is not
     whole (no query), and is once the last of them arrives through Flower's Runtime
@@ -505,7 +506,7 @@ def test_a_message_whose_sender_still_pushes_objects_is_whole_when_they_arrived(
     index.expect(nodes[0], order[0], {"a", "b"})
     assert not index.is_whole(None, order[0])  # no store asked
     woken: list[int] = []
-    sl.WAITING.wake = woken.append  # type: ignore[method-assign]
+    monkeypatch.setattr(sl.WAITING, "wake", woken.append)
     push = sl.objects_pushed(lambda request, state, task: SimpleNamespace(stored=True))
     push(SimpleNamespace(object_id="a"), state, None)
     assert woken == [] and not index.is_whole(None, order[0])
@@ -554,6 +555,161 @@ def test_the_superlinks_threads_take_turns_at_the_database(
     finally:
         holder.join()
     assert wrote == locked
+
+
+def _queue_at(lock: sl.TurnLock, who: list[tuple[str, bool]]) -> list[str]:
+    """Threads that ask ``lock`` in the order of ``who`` (name, urgent) while this
+    thread holds it; the order they got it in once it is let go."""
+    import threading
+
+    order: list[str] = []
+    lock.acquire()
+    threads = []
+    for name, urgent in who:
+        asked = len(lock._queues[0]) + len(lock._queues[1])
+
+        def take(name: str = name, urgent: bool = urgent) -> None:
+            with lock.held(urgent):
+                order.append(name)
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 5
+        while len(lock._queues[0]) + len(lock._queues[1]) == asked:  # in line
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    lock.release()
+    for thread in threads:
+        thread.join(5)
+    return order
+
+
+def test_the_database_lock_is_taken_in_turns_urgent_requests_first() -> None:
+    """Part superlink-urgent-first at the database: the lock goes to the thread that
+    waited longest, and an urgent one (a heartbeat) goes before them all; the holder
+    may take it again (a nested session)."""
+    lock = sl.TurnLock()
+    who = [("a", False), ("b", False), ("beat", True), ("c", False), ("beat2", True)]
+    assert _queue_at(lock, who) == ["beat", "beat2", "a", "b", "c"]
+    with lock.held(), lock.held():  # re-entrant
+        pass
+    assert lock._owner is None and lock._depth == 0
+    import contextvars
+    import threading
+
+    def urgent_turn() -> None:  # `with lock` (a session) asks as URGENT says
+        sl.URGENT.set(True)
+        with lock:
+            pass
+
+    lock.acquire()
+    waiter = threading.Thread(target=contextvars.copy_context().run, args=(urgent_turn,))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not lock._queues[0] and not lock._queues[1]:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert len(lock._queues[0]) == 1  # in the urgent line
+    lock.release()
+    waiter.join(5)
+    assert not waiter.is_alive() and lock._owner is None
+
+
+def test_a_heartbeat_is_answered_while_every_worker_thread_is_busy() -> None:
+    """Part superlink-urgent-first: with Starlette's worker threads all taken by
+    other requests (here its limiter cut to one token, held by a handler that waits),
+    a heartbeat's handler runs at once in a thread of its own; anything else waits
+    for a worker as with Flower."""
+    import threading
+
+    import anyio
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    ours = sl.urgent_first_threads(run_in_threadpool)
+    release = threading.Event()
+    ran_in: list[str] = []
+
+    def busy() -> str:
+        release.wait(10)
+        return "busy"
+
+    def handler_for(request: Any) -> Any:
+        async def handle(request: Any) -> PlainTextResponse:
+            if request.url.path == "/busy":
+                return PlainTextResponse(await ours(busy))
+            text = await ours(lambda: threading.current_thread().name)
+            ran_in.append(text)
+            return PlainTextResponse(text)
+
+        return handle
+
+    app = Starlette(
+        routes=[Route(p, handler_for(None), methods=["POST"]) for p in (
+            "/busy", *sl.URGENT_PATHS, "/v1/fleet/get-run")],
+        middleware=[Middleware(sl.Urgent)],
+    )  # fmt: skip
+    with TestClient(app) as client:
+
+        async def one_token() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+
+        client.portal.call(one_token)
+        answers: dict[str, Any] = {}
+        blocker = threading.Thread(target=lambda: answers.update(b=client.post("/busy")))
+        blocker.start()
+        time.sleep(0.3)  # the one worker is taken
+        try:
+            for path in sl.URGENT_PATHS:
+                assert client.post(path).text.startswith("fedhet-urgent")
+            other = threading.Thread(
+                target=lambda: answers.update(o=client.post("/v1/fleet/get-run"))
+            )
+            other.start()
+            other.join(0.5)
+            assert other.is_alive()  # waits for the busy worker
+        finally:
+            release.set()
+        blocker.join(10)
+        other.join(10)
+    assert answers["o"].text != "" and not answers["o"].text.startswith("fedhet-urgent")
+    assert sl.URGENT.get() is False  # the mark stays with its request
+
+
+def test_every_module_of_the_superlink_app_runs_its_blocking_work_through_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Part superlink-urgent-first reaches every place the SuperLink's app (Flower's
+    routes, dependencies, protobuf routes, node authentication) hands blocking work
+    to Starlette's worker threads: once applied, no module of the app still holds
+    Starlette's ``run_in_threadpool``."""
+    import sys
+
+    import starlette.concurrency
+
+    from common import flower_gate as gate
+
+    importlib.import_module(sl.MIDDLEWARE)  # the app and everything it imports
+    importlib.import_module(sl.FLOWER_CLI)
+    for name in sl.THREADPOOL_USERS:
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "run_in_threadpool", gate.original(module, "run_in_threadpool"))
+    monkeypatch.setattr(sl, "in_front", lambda middleware: None)
+    starlettes = starlette.concurrency.run_in_threadpool
+    sl.urgent_first()
+    left = [
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith(("flwr.super", "fastapi"))
+        and getattr(module, "run_in_threadpool", None) is starlettes
+        and name != "fastapi.concurrency"  # re-exports it; no request runs through it
+    ]
+    assert left == []
 
 
 def test_traffic_and_poll_heartbeats_are_written_together_and_kept_when_refused(
