@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -230,6 +231,9 @@ class EmulatedFederation(CountingFederation):
                 total["connections"] += data.get("connections", 0)
                 for k, v in data.get("polls", {}).items():
                     total["polls"][k] = total["polls"].get(k, 0) + v
+                beats = total.setdefault("heartbeats", {})
+                for k, v in data.get("heartbeats", {}).items():  # counts add, times: the max
+                    beats[k] = max(beats.get(k, 0), v) if k.endswith("-s") else beats.get(k, 0) + v
         return total
 
 
@@ -366,6 +370,20 @@ def answer_times(counts: Path) -> dict[str, Any]:
     }
 
 
+DROPPED = re.compile(r"round (\d+): dropped reply of .*?\): (?:error reply: )?([^—\n]*)")
+
+
+def dropped_replies(log: Path) -> dict[str, int]:
+    """The replies the strategy dropped, by round and cause (its log's "dropped
+    reply" lines: ``"1: Error"`` -> count)."""
+    counts: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for found in DROPPED.finditer(log.read_text(errors="replace")):
+            key = f"{found.group(1)}: {found.group(2).strip()}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def ended_tasks(database: Path) -> list[dict[str, Any]]:
     """The tasks in the SuperLink's state file (``[]`` with the state in memory):
     how each ended and why (a task whose heartbeats stopped is ended "FAILED" with
@@ -486,7 +504,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         tasks = json.dumps(ended_tasks(fed.workdir / "superlink.db"), indent=1)
         raise SystemExit(
             f"N={n}: run {outcome.status}:\n{tail}\nemulators: {errors}\n"
-            f"the SuperLink's tasks: {tasks}\nits answer times: {json.dumps(answers)}"
+            f"the SuperLink's tasks: {tasks}\nits answer times: {json.dumps(answers)}\n"
+            f"node heartbeats as the nodes saw them: {emulated.get('heartbeats')}"
         )
     results = json.loads((out / "results.json").read_text())
     rounds = results["rounds"]
@@ -500,8 +519,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "round-overhead-s": [r["round-time-s"] - (0 if args.real else slowest) for r in rounds],
         "valid-replies": [r.get("valid-replies") for r in rounds],
         "lost-replies": sum(n - (r.get("valid-replies") or 0) for r in rounds),
+        "dropped-replies-by-round-and-cause": dropped_replies(outcome.log_path),
         "emulator-errors": emulated["errors"][:20],
         "emulator-error-count": len(emulated["errors"]),
+        "node-heartbeats-as-nodes-saw-them": emulated.get("heartbeats", {}),
         "server-cpu-s": cpu.get("superlink", 0) + cpu.get("serverapp", 0),
         "cpu-s": cpu,
         "requests": {request_kind(k): v for k, v in sorted(req.items()) if v},

@@ -201,8 +201,10 @@ class Stats:
             self.data["connect-s"].append(round(seconds, 3))
 
     def write(self, path: Path) -> None:
+        from cli.supernode import HEARTBEATS
+
         with self.lock:
-            text = json.dumps(self.data)
+            text = json.dumps({**self.data, "heartbeats": HEARTBEATS.view()})
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)

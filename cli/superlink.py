@@ -1129,6 +1129,9 @@ class DatabaseWrites:
         self.lock = threading.Lock()
         self.traffic: dict[int, tuple[Any, dict[int, list[int]]]] = {}
         self.beats: dict[int, tuple[Any, dict[int, float]]] = {}
+        self.queued: dict[int, float] = {}
+        """A node whose held poll's heartbeat waits to be written: since when
+        (``time.monotonic``)."""
         self.flowers: dict[str, Callable[..., Any]] = {}
         self.thread: threading.Thread | None = None
 
@@ -1143,7 +1146,15 @@ class DatabaseWrites:
     def beat(self, state: Any, node_id: int, interval: float) -> None:
         with self.lock:
             self.beats.setdefault(id(state), (state, {}))[1][node_id] = interval
+            self.queued.setdefault(node_id, time.monotonic())
         self._start()
+
+    def waiting_s(self, node_id: int) -> float | None:
+        """How long node ``node_id``'s held-poll heartbeat has waited to be written
+        (None: none waits)."""
+        with self.lock:
+            since = self.queued.get(node_id)
+        return None if since is None else time.monotonic() - since
 
     def _start(self) -> None:
         if self.thread is None:
@@ -1155,6 +1166,7 @@ class DatabaseWrites:
                     self.thread.start()
 
     def _run(self) -> None:
+        URGENT.set(True)  # heartbeats among them: first at the database lock
         while True:
             time.sleep(self.period)
             self.flush()
@@ -1164,6 +1176,7 @@ class DatabaseWrites:
         with self.lock:
             traffic, self.traffic = self.traffic, {}
             beats, self.beats = self.beats, {}
+            queued, self.queued = self.queued, {}
         for key in set(traffic) | set(beats):
             state = (traffic.get(key) or beats[key])[0]
             runs = traffic.get(key, (state, {}))[1]
@@ -1191,6 +1204,7 @@ class DatabaseWrites:
                     later = self.beats.setdefault(key, (state, {}))[1]
                     for node_id, interval in nodes.items():
                         later.setdefault(node_id, interval)
+                        self.queued.setdefault(node_id, queued.get(node_id, time.monotonic()))
 
     def traffic_recorder(self, flowers: Callable[..., Any]) -> Callable[..., Any]:
         """``SqlLinkState.store_traffic`` that checks as Flower does, then gathers."""
@@ -1213,13 +1227,52 @@ class DatabaseWrites:
 WRITES = DatabaseWrites()
 
 
+def unavailable_logged(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """Flower's ``check_node_availability_for_in_message`` (the error reply "Node
+    Unavailable" for a message whose node's heartbeats are overdue), logging each
+    such node with how overdue it was and whether a held poll's heartbeat of its own
+    was still waiting to be written (:class:`DatabaseWrites`)."""
+
+    def check(
+        inquired_in_message_ids: Any,
+        found_in_message_dict: Any,
+        node_id_to_online_until: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        errors = flowers(
+            inquired_in_message_ids, found_in_message_dict, node_id_to_online_until, *args,
+            **kwargs,
+        )  # fmt: skip
+        for message_id in errors:
+            node = found_in_message_dict[message_id].metadata.dst_node_id
+            until = node_id_to_online_until.get(node)
+            late = f"{time.time() - until:.1f} s past" if until else "never online"
+            waiting = WRITES.waiting_s(node)
+            print(
+                f"fedhet superlink: node {node} unavailable ({late} its heartbeats' "
+                f"patience); a held poll's heartbeat waiting to be written: "
+                + ("none" if waiting is None else f"for {waiting:.1f} s"),
+                flush=True,
+            )
+        return errors
+
+    check.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return check
+
+
 def database_writes() -> None:
     """Part ``superlink-database-writes``: the database state's traffic records and
-    held polls' heartbeats written together (:class:`DatabaseWrites`)."""
-    cls = importlib.import_module(SQL_STATE).SqlLinkState
+    held polls' heartbeats written together (:class:`DatabaseWrites`), their
+    transactions first at the database lock (:data:`URGENT`); a node found
+    unavailable is logged (:func:`unavailable_logged`)."""
+    module = importlib.import_module(SQL_STATE)
+    cls = module.SqlLinkState
     replace_methods(cls, (("store_traffic", WRITES.traffic_recorder),))
     beat = cls.__dict__["acknowledge_node_heartbeat"]
     WRITES.flowers["acknowledge_node_heartbeat"] = getattr(beat, "__wrapped__", beat)
+    check = gate.original(module, "check_node_availability_for_in_message")
+    gate.replace(module, "check_node_availability_for_in_message", unavailable_logged(check))
     WRITES.on = True
 
 

@@ -1348,6 +1348,42 @@ class PatientPulls:
         return content
 
 
+class HeartbeatTally:
+    """A process's node heartbeats as its nodes saw them (a diagnostic the fleet
+    emulator reports): how many were sent, failed, the slowest, and how many were
+    answered later than the SuperLink's patience (2 x the interval the node had
+    declared) after the latest acknowledgement the node knew of: the SuperLink may
+    have held that node offline meanwhile (a held poll in flight may have been
+    acknowledged since; the node cannot know)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent = self.failed = self.late = 0
+        self.slowest_s = self.longest_gap_s = 0.0
+
+    def note(self, seconds: float, ok: bool, gap: float | None, patience_s: float) -> None:
+        with self._lock:
+            self.sent += 1
+            self.failed += not ok
+            self.slowest_s = max(self.slowest_s, seconds)
+            if gap is not None:
+                self.longest_gap_s = max(self.longest_gap_s, gap)
+                self.late += gap > patience_s
+
+    def view(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                "sent": self.sent,
+                "failed": self.failed,
+                "late": self.late,
+                "slowest-s": round(self.slowest_s, 3),
+                "longest-gap-s": round(self.longest_gap_s, 3),
+            }
+
+
+HEARTBEATS = HeartbeatTally()
+
+
 def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) -> None:
     """Flower's SuperNode heartbeats, their interval stretched by the SuperLink's load
     (:meth:`ServerLoad.slowdown`): each heartbeat declares Flower's interval (30 s)
@@ -1370,6 +1406,7 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
     constant = importlib.import_module("flwr.common.constant")
     interval = float(constant.HEARTBEAT_DEFAULT_INTERVAL)
     timeout, top = constant.HEARTBEAT_CALL_TIMEOUT, constant.HEARTBEAT_MAX_INTERVAL
+    patience = float(constant.HEARTBEAT_PATIENCE)
     share, spread = constant.HEARTBEAT_BASE_MULTIPLIER, constant.HEARTBEAT_RANDOM_RANGE
     polls = switch("FEDHET_POLL_HEARTBEATS") if polls is None else polls
 
@@ -1395,6 +1432,7 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
 
         def _run(self) -> None:
             alive = polls_of(self.heartbeat_fn) if polls else None
+            self._alive = alive
             while not self._stop_event.is_set():
                 until = self.covered_until(alive)
                 if until is not None:  # a held poll stands for this heartbeat
@@ -1430,14 +1468,26 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
             return until if until > time.monotonic() else None
 
         def _heartbeat(self) -> None:
+            promised, known = self.sent, self.acknowledged()
             self.sent = self.declared()
             replace(conn, "HEARTBEAT_DEFAULT_INTERVAL", self.sent)
-            start = time.monotonic()
+            start, ok = time.monotonic(), False
             try:
                 super()._heartbeat()
-                self.beat_at = start
+                self.beat_at, ok = start, True
             finally:
-                load.note(time.monotonic() - start)
+                end = time.monotonic()
+                load.note(end - start)
+                gap = end - known if known is not None else None
+                HEARTBEATS.note(end - start, ok, gap, patience * promised)
+
+        def acknowledged(self) -> float | None:
+            """The latest acknowledgement the node knows of: its last heartbeat's,
+            or its last answered held poll's."""
+            alive = getattr(self, "_alive", None)
+            answered = alive.view()[3] if alive is not None else None
+            known = [t for t in (self.beat_at, answered[0] if answered else None) if t]
+            return max(known) if known else None
 
     AliveInterval.declared = declared if polls else None
     replace(conn, "HeartbeatSender", LoadAwareHeartbeats)

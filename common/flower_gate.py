@@ -359,6 +359,8 @@ PARTS: tuple[Part, ...] = (
         (
             f"{SQL_STATE}:SqlLinkState.store_traffic",
             f"{SQL_STATE}:SqlLinkState.acknowledge_node_heartbeat",
+            f"{SQL_STATE}:SqlLinkState.get_message_res",
+            f"{SQL_STATE}:check_node_availability_for_in_message",
             "flwr.superlink.servicer.fleet.fleet_handlers:pull_messages",
             "flwr.superlink.servicer.fleet.fleet_handlers:push_messages",
             "flwr.superlink.servicer.fleet.fleet_handlers:pull_object",

@@ -895,9 +895,12 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
 ) -> None:
     """A poll not answered yet may not have reached the SuperLink: it stands for a
     heartbeat only up to one interval after the latest answered poll (or heartbeat).
-    After one answered 2 s ago: skipped; after one answered 100 s ago, or none: sent."""
+    After one answered 2 s ago: skipped; after one answered 100 s ago, or none: sent.
+    The process's tally counts the heartbeats sent, and as late the one sent 100 s
+    after the last acknowledgement the node knew of (past 2 x 30 s)."""
     from cli import supernode as sn
 
+    monkeypatch.setattr(sn, "HEARTBEATS", sn.HeartbeatTally())
     senders, beats = _heartbeat_senders(monkeypatch, polls=True)
     for answered_ago, skipped in ((2.0, True), (100.0, False), (None, False)):
         fleet = _node(_Http())
@@ -911,6 +914,9 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
         before = len(beats)
         first_wait(senders(_beat_for(fleet, beats)))
         assert (len(beats) == before) is skipped, answered_ago
+    tally = sn.HEARTBEATS.view()
+    assert (tally["sent"], tally["failed"], tally["late"]) == (2, 0, 1)
+    assert 100.0 <= tally["longest-gap-s"] < 110.0
 
 
 def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
