@@ -1424,8 +1424,9 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
         online for 2 x that, so the next heartbeat follows from it, not from the load
         seen since (a slow answer raises the slowdown; a wait for the new, longer
         interval would outlast the old one's 2 x and the node would go offline)."""
-        beat_at: float | None = None
-        """When (``time.monotonic``) the latest heartbeat that got through was sent."""
+        beat: tuple[float, float] | None = None
+        """The latest heartbeat that got through: when (``time.monotonic``) it was
+        sent, and the interval it declared."""
 
         def declared(self) -> float:
             return declared()
@@ -1447,46 +1448,55 @@ def load_aware_heartbeats(load: ServerLoad = LOAD, polls: bool | None = None) ->
 
         def covered_until(self, alive: PollAlive | None) -> float | None:
             """Until when (``time.monotonic``) the client's latest held poll stands for
-            the heartbeat due now (None: it does not; send it). An answered one: its
-            last acknowledgement + the heartbeat's wait, as a heartbeat sent then. One
-            still held (acknowledged on arrival and again as it is answered, but maybe
-            lost on the way): the last acknowledgement the node knows of (an answered
-            poll's, or a heartbeat's) + its interval + the wait, so that a heartbeat
-            still reaches the SuperLink within the 2 x interval it was promised."""
+            the heartbeat due now (None: it does not; send it). The SuperLink holds
+            the node online for 2 x the interval of its *latest* acknowledgement (a
+            later one with a shorter interval shortens what an earlier one promised),
+            so the rule follows the latest the node knows of, an answered poll's or a
+            heartbeat's: with no poll in flight, that one's time + its wait, as for a
+            heartbeat sent then. With one in flight (acknowledged on arrival and again
+            as it is answered, but maybe lost on the way): that one's time + its
+            interval + its wait, and no later than the poll's own time + its interval
+            + its wait (it may have arrived, with its own interval), so that a
+            heartbeat still reaches the SuperLink within the 2 x interval in force."""
             if alive is None:
                 return None
             sent, seconds, in_flight, answered = alive.view()
             if sent is None:
                 return None
+            known = [answered] if answered is not None else []
+            if self.beat is not None:
+                known.append(self.beat)
+            if not known:
+                return None
+            at, interval = max(known)  # the latest acknowledgement: the one in force
             if not in_flight:
-                until = sent + wait_for(seconds)
+                until = at + wait_for(interval)
             else:
-                known = [answered] if answered is not None else []
-                if self.beat_at is not None:
-                    known.append((self.beat_at, self.sent))
-                until = max((t + i + wait_for(i) for t, i in known), default=-float("inf"))
+                until = min(at + interval + wait_for(interval), sent + seconds + wait_for(seconds))
             return until if until > time.monotonic() else None
 
         def _heartbeat(self) -> None:
-            promised, known = self.sent, self.acknowledged()
+            latest = self.latest()
             self.sent = self.declared()
             replace(conn, "HEARTBEAT_DEFAULT_INTERVAL", self.sent)
             start, ok = time.monotonic(), False
             try:
                 super()._heartbeat()
-                self.beat_at, ok = start, True
+                self.beat, ok = (start, self.sent), True
             finally:
                 end = time.monotonic()
                 load.note(end - start)
-                gap = end - known if known is not None else None
-                HEARTBEATS.note(end - start, ok, gap, patience * promised)
+                if latest is None:
+                    HEARTBEATS.note(end - start, ok, None, 0.0)
+                else:
+                    HEARTBEATS.note(end - start, ok, end - latest[0], patience * latest[1])
 
-        def acknowledged(self) -> float | None:
-            """The latest acknowledgement the node knows of: its last heartbeat's,
-            or its last answered held poll's."""
+        def latest(self) -> tuple[float, float] | None:
+            """The latest acknowledgement the node knows of (its last heartbeat's or
+            its last answered held poll's): when, and the interval it declared."""
             alive = getattr(self, "_alive", None)
             answered = alive.view()[3] if alive is not None else None
-            known = [t for t in (self.beat_at, answered[0] if answered else None) if t]
+            known = [k for k in (self.beat, answered) if k is not None]
             return max(known) if known else None
 
     AliveInterval.declared = declared if polls else None

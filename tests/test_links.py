@@ -919,6 +919,36 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
     assert 100.0 <= tally["longest-gap-s"] < 110.0
 
 
+def test_the_latest_acknowledgement_sets_when_the_heartbeat_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SuperLink holds a node online for 2 x the interval of its latest
+    acknowledgement, so the heartbeat follows that one: after a poll answered 10 s
+    ago that declared 90 s and a heartbeat 5 s ago that declared 30 s, the next is
+    due within the heartbeat's wait (not the poll's: the node would be offline from
+    55 s on); with a poll in flight sent 9 s ago declaring 30 s after a heartbeat 10 s
+    ago that declared 60 s, no later than the poll's own interval + wait (it may have
+    arrived and shortened the window to 60 s)."""
+    from cli import supernode as sn
+
+    senders, beats = _heartbeat_senders(monkeypatch, polls=True)
+    now = time.monotonic()
+    fleet = _node(_Http())
+    alive = sn.POLL_ALIVE[fleet._client]
+    poll = object()
+    alive.sending(poll, 90.0, now - 10.0)
+    alive.ended(poll, True)
+    sender = senders(_beat_for(fleet, beats))
+    sender.beat = (now - 5.0, 30.0)
+    assert 0 < first_wait(sender) <= 0.9 * 25 - 5.0 and beats == []
+    fleet = _node(_Http())
+    alive = sn.POLL_ALIVE[fleet._client]
+    alive.sending(object(), 30.0, now - 9.0)  # in flight
+    sender = senders(_beat_for(fleet, beats))
+    sender.beat = (now - 10.0, 60.0)
+    assert 30.0 - 9.0 < first_wait(sender) <= 30.0 + 0.9 * 25 - 9.0 and beats == []
+
+
 def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

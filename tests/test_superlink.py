@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import re
 import time
 from typing import Any
 
@@ -710,6 +711,29 @@ def test_every_module_of_the_superlink_app_runs_its_blocking_work_through_ours(
         and name != "fastapi.concurrency"  # re-exports it; no request runs through it
     ]
     assert left == []
+
+
+def test_a_node_found_unavailable_is_logged_with_its_waiting_heartbeat(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part superlink-database-writes: each node Flower's check finds unavailable is
+    logged, how far past its patience and whether a held poll's heartbeat of its own
+    still waited to be written; the check's answer is Flower's, unchanged."""
+    from types import SimpleNamespace
+
+    writes = sl.DatabaseWrites(period=3600)
+    writes._start = lambda: None  # type: ignore[method-assign]
+    flowers_errors = {"m1": "error reply", "m2": "error reply"}
+    check = sl.unavailable_logged(lambda *args, **kwargs: dict(flowers_errors))
+    found = {m: SimpleNamespace(metadata=SimpleNamespace(dst_node_id=n)) for m, n in
+             (("m1", 7), ("m2", 8))}  # fmt: skip
+    monkeypatch.setattr(sl, "WRITES", writes)
+    writes.beat(object(), 7, 30.0)
+    assert writes.waiting_s(7) is not None and writes.waiting_s(8) is None
+    assert check({"m1", "m2"}, found, {7: time.time() - 5.0}) == flowers_errors
+    out = capsys.readouterr().out
+    assert re.search(r"node 7 unavailable \(5\.\d s past.*written: for \d+\.\d s", out)
+    assert "node 8 unavailable (never online" in out and "written: none" in out
 
 
 def test_traffic_and_poll_heartbeats_are_written_together_and_kept_when_refused(
