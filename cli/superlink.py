@@ -80,6 +80,9 @@ the code it was checked against:
   database, the traffic records (an update of the run's row for every poll, push and
   object moved) summed and the held polls' heartbeats gathered, and written together
   every :data:`WRITES_S` seconds, one transaction per state.
+* ``superlink-kept-windows`` (:func:`kept_windows`): a node's heartbeat never
+  shortens the window an earlier one granted (Flower: the latest one's interval
+  decides, whatever an earlier one promised).
 * ``superlink-urgent-first`` (:func:`urgent_first`): the heartbeats, the ServerApp
   task's and the nodes', are answered in threads of their own and go first at the
   database lock (Flower's wait in line with every request, and a task heartbeat
@@ -1227,6 +1230,55 @@ class DatabaseWrites:
 WRITES = DatabaseWrites()
 
 
+def online_until(state: Any, node_id: int) -> float | None:
+    """Until when (a Unix time) ``state`` holds node ``node_id`` online (None: a node
+    it does not know, or one never online)."""
+    nodes = getattr(state, "nodes", None)
+    if isinstance(nodes, dict):  # the in-memory state
+        node = nodes.get(node_id)
+        return getattr(node, "online_until", None)
+    from sqlalchemy import select
+
+    module = importlib.import_module(SQL_STATE)
+    model = module.NodeModel
+    with state.session() as session:
+        return session.scalar(  # type: ignore[no-any-return]
+            select(model.online_until).where(model.node_id == module.uint64_to_int64(node_id))
+        )
+
+
+def kept_window(flowers: Callable[..., Any]) -> Callable[..., Any]:
+    """``acknowledge_node_heartbeat`` that never shortens the window an earlier
+    acknowledgement granted: the interval it records is at least what is left of that
+    window / ``HEARTBEAT_PATIENCE`` (read and written in one transaction)."""
+
+    def acknowledge_node_heartbeat(state: Any, node_id: int, heartbeat_interval: float) -> bool:
+        patience = float(importlib.import_module(CONSTANT).HEARTBEAT_PATIENCE)
+        opened = state.session() if hasattr(state, "session") else contextlib.nullcontext()
+        with opened:
+            until = online_until(state, node_id)
+            left = (until - time.time()) / patience if until else 0.0
+            return bool(flowers(state, node_id, max(heartbeat_interval, left)))
+
+    acknowledge_node_heartbeat.__wrapped__ = flowers  # type: ignore[attr-defined]
+    return acknowledge_node_heartbeat
+
+
+def kept_windows() -> None:
+    """Part ``superlink-kept-windows``: a node's heartbeat (a Fleet heartbeat, or a
+    held poll standing for one) never shortens the window an earlier one granted
+    (:func:`kept_window`). Flower holds a node online for 2 x the interval of its
+    latest acknowledgement, and fedhet's nodes declare intervals that follow the load
+    (30-127 s at a thousand FedARA nodes): a later, shorter one (a held poll's,
+    acknowledged in a batch after the node's heartbeat) cut the window a node was
+    counting on, and the node was found unavailable, its reply dropped."""
+    for cls in (
+        importlib.import_module(MEMORY_STATE).InMemoryLinkState,
+        importlib.import_module(SQL_STATE).SqlLinkState,
+    ):
+        replace_methods(cls, (("acknowledge_node_heartbeat", kept_window),))
+
+
 def unavailable_logged(flowers: Callable[..., Any]) -> Callable[..., Any]:
     """Flower's ``check_node_availability_for_in_message`` (the error reply "Node
     Unavailable" for a message whose node's heartbeats are overdue), logging each
@@ -1269,8 +1321,8 @@ def database_writes() -> None:
     module = importlib.import_module(SQL_STATE)
     cls = module.SqlLinkState
     replace_methods(cls, (("store_traffic", WRITES.traffic_recorder),))
-    beat = cls.__dict__["acknowledge_node_heartbeat"]
-    WRITES.flowers["acknowledge_node_heartbeat"] = getattr(beat, "__wrapped__", beat)
+    # the state's own (superlink-kept-windows' when it applies)
+    WRITES.flowers["acknowledge_node_heartbeat"] = cls.__dict__["acknowledge_node_heartbeat"]
     check = gate.original(module, "check_node_availability_for_in_message")
     gate.replace(module, "check_node_availability_for_in_message", unavailable_logged(check))
     WRITES.on = True
@@ -2286,6 +2338,8 @@ def run_superlink(argv: list[str], outermost: list[Any] | None = None) -> None:
         database_reads()
     if gate.use("superlink-database-lock"):
         database_lock()
+    if gate.use("superlink-kept-windows"):
+        kept_windows()
     if database and gate.use("superlink-database-writes"):
         database_writes()
     if gate.use("superlink-keep-alive"):

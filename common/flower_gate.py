@@ -352,6 +352,21 @@ PARTS: tuple[Part, ...] = (
         "superlink",
     ),
     Part(
+        "superlink-kept-windows",
+        "a node's heartbeat (a Fleet heartbeat, or a held poll standing for one) never "
+        "shortens the window an earlier one granted (Flower: 2 x the latest one's "
+        "interval, whatever an earlier one promised)",
+        (
+            f"{SQL_STATE}:SqlLinkState.acknowledge_node_heartbeat",
+            f"{SQL_STATE}:NodeModel",
+            f"{SQL_STATE}:uint64_to_int64",
+            f"{MEMORY_STATE}:InMemoryLinkState.acknowledge_node_heartbeat",
+            "flwr.common.constant:HEARTBEAT_PATIENCE",
+        ),
+        "the latest heartbeat's interval decides",
+        "superlink",
+    ),
+    Part(
         "superlink-database-writes",
         "with the state in a database, traffic records (one per poll, push and object "
         "moved) summed per run and held polls' heartbeats gathered, written together "

@@ -736,6 +736,35 @@ def test_a_node_found_unavailable_is_logged_with_its_waiting_heartbeat(
     assert "node 8 unavailable (never online" in out and "written: none" in out
 
 
+@pytest.mark.parametrize("where", ["memory", "database"])
+def test_a_heartbeat_never_shortens_the_window_an_earlier_one_granted(
+    where: str, states: Any, tmp_path: Any
+) -> None:
+    """Part superlink-kept-windows: after a heartbeat declaring 60 s (online for
+    120 s), one declaring 30 s leaves the node online for those 120 s (Flower's: cut
+    to 60 s from now); a longer one extends it as Flower's does. Flower's own
+    acknowledgement is what writes it (the node is unknown: False, as Flower's)."""
+    if where == "memory":
+        state, nodes = states[0], states[3]
+    else:
+        state, nodes, *_ = _database(tmp_path / "state.db", indexed=False)
+    cls = type(state)
+    flowers = cls.__dict__["acknowledge_node_heartbeat"]
+    flowers = getattr(flowers, "__wrapped__", flowers)
+    ours = sl.kept_window(flowers)
+    node = nodes[0]
+    assert ours(state, node, 60.0)
+    granted = sl.online_until(state, node)
+    assert granted is not None and abs(granted - (time.time() + 120.0)) < 2.0
+    assert ours(state, node, 30.0)
+    assert abs(sl.online_until(state, node) - granted) < 1.0  # kept
+    assert ours(state, node, 90.0)
+    assert abs(sl.online_until(state, node) - (time.time() + 180.0)) < 2.0  # extended
+    assert flowers(state, node, 30.0)  # Flower's own: cut to 60 s from now
+    assert abs(sl.online_until(state, node) - (time.time() + 60.0)) < 2.0
+    assert not ours(state, 12345, 30.0)
+
+
 def test_traffic_and_poll_heartbeats_are_written_together_and_kept_when_refused(
     tmp_path: Any,
 ) -> None:
