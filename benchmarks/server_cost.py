@@ -61,6 +61,7 @@ from typing import Any
 from benchmarks.probe import archive_rows, save_rows
 from cli.federation import Federation
 from cli.launch import children_map
+from cli.superlink import URGENT_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -90,16 +91,12 @@ ROUND_LENGTHS_S = (30.0, 300.0)
 
 
 # ---------------------------------------------------------------------- SuperLink
-HEARTBEAT_PATHS = ("/v1/runtime/send-task-heartbeat", "/v1/fleet/send-node-heartbeat")
-"""The heartbeats whose every answer :class:`CountRequests` times (a task or node
-whose heartbeats are answered late is ended or called unavailable by the SuperLink)."""
-
-
 class CountRequests:
     """ASGI middleware: counts requests by path into :attr:`counts`; times each one
     from its arrival to its answer's start: the slowest by path in :attr:`slowest`,
-    each heartbeat (:data:`HEARTBEAT_PATHS`: seconds since the process started, the
-    time to its answer, its status) in :attr:`heartbeats`."""
+    each heartbeat (:data:`cli.superlink.URGENT_PATHS`: seconds since the process
+    started, the time to its answer, its status) in :attr:`heartbeats`: a task or node
+    whose heartbeats are answered late is ended or called unavailable."""
 
     counts: dict[str, int] = {}
     slowest: dict[str, float] = {}
@@ -131,7 +128,7 @@ class CountRequests:
         took = time.monotonic() - arrived
         with cls.lock:
             cls.slowest[path] = max(cls.slowest.get(path, 0.0), took)
-            if path in HEARTBEAT_PATHS:
+            if path in URGENT_PATHS:
                 cls.heartbeats.setdefault(path, []).append(
                     (round(arrived - cls.started, 3), round(took, 3), status)
                 )

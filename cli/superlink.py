@@ -1230,13 +1230,14 @@ class DatabaseWrites:
 WRITES = DatabaseWrites()
 
 
-def online_until(state: Any, node_id: int) -> float | None:
-    """Until when (a Unix time) ``state`` holds node ``node_id`` online (None: a node
-    it does not know, or one never online)."""
-    nodes = getattr(state, "nodes", None)
-    if isinstance(nodes, dict):  # the in-memory state
-        node = nodes.get(node_id)
-        return getattr(node, "online_until", None)
+def memory_online_until(state: Any, node_id: int) -> float | None:
+    """Until when (a Unix time) the in-memory ``state`` holds node ``node_id`` online
+    (None: a node it does not know, or one never online)."""
+    return getattr(state.nodes.get(node_id), "online_until", None)
+
+
+def database_online_until(state: Any, node_id: int) -> float | None:
+    """The same, read from a database ``state`` (in the caller's transaction)."""
     from sqlalchemy import select
 
     module = importlib.import_module(SQL_STATE)
@@ -1247,21 +1248,27 @@ def online_until(state: Any, node_id: int) -> float | None:
         )
 
 
-def kept_window(flowers: Callable[..., Any]) -> Callable[..., Any]:
-    """``acknowledge_node_heartbeat`` that never shortens the window an earlier
-    acknowledgement granted: the interval it records is at least what is left of that
-    window / ``HEARTBEAT_PATIENCE`` (read and written in one transaction)."""
+def kept_window(
+    online_until: Callable[[Any, int], float | None],
+    transaction: Callable[[Any], Any] = lambda state: contextlib.nullcontext(),
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrap of ``acknowledge_node_heartbeat`` that never shortens the window an
+    earlier acknowledgement granted: the interval it records is at least what is
+    left of that window (``online_until``) / ``HEARTBEAT_PATIENCE``, read and written
+    in one ``transaction(state)``."""
 
-    def acknowledge_node_heartbeat(state: Any, node_id: int, heartbeat_interval: float) -> bool:
-        patience = float(importlib.import_module(CONSTANT).HEARTBEAT_PATIENCE)
-        opened = state.session() if hasattr(state, "session") else contextlib.nullcontext()
-        with opened:
-            until = online_until(state, node_id)
-            left = (until - time.time()) / patience if until else 0.0
-            return bool(flowers(state, node_id, max(heartbeat_interval, left)))
+    def wrap(flowers: Callable[..., Any]) -> Callable[..., Any]:
+        def acknowledge_node_heartbeat(state: Any, node_id: int, heartbeat_interval: float) -> bool:
+            patience = float(importlib.import_module(CONSTANT).HEARTBEAT_PATIENCE)
+            with transaction(state):
+                until = online_until(state, node_id)
+                left = (until - time.time()) / patience if until else 0.0
+                return bool(flowers(state, node_id, max(heartbeat_interval, left)))
 
-    acknowledge_node_heartbeat.__wrapped__ = flowers  # type: ignore[attr-defined]
-    return acknowledge_node_heartbeat
+        acknowledge_node_heartbeat.__wrapped__ = flowers  # type: ignore[attr-defined]
+        return acknowledge_node_heartbeat
+
+    return wrap
 
 
 def kept_windows() -> None:
@@ -1272,11 +1279,19 @@ def kept_windows() -> None:
     (30-127 s at a thousand FedARA nodes): a later, shorter one (a held poll's,
     acknowledged in a batch after the node's heartbeat) cut the window a node was
     counting on, and the node was found unavailable, its reply dropped."""
-    for cls in (
+    replace_methods(
         importlib.import_module(MEMORY_STATE).InMemoryLinkState,
+        (("acknowledge_node_heartbeat", kept_window(memory_online_until)),),
+    )
+    replace_methods(
         importlib.import_module(SQL_STATE).SqlLinkState,
-    ):
-        replace_methods(cls, (("acknowledge_node_heartbeat", kept_window),))
+        (
+            (
+                "acknowledge_node_heartbeat",
+                kept_window(database_online_until, lambda state: state.session()),
+            ),
+        ),
+    )
 
 
 def unavailable_logged(flowers: Callable[..., Any]) -> Callable[..., Any]:
@@ -2059,12 +2074,6 @@ class TurnLock:
         finally:
             self.release()
 
-    def __enter__(self) -> None:
-        self.acquire(URGENT.get())
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
 
 LONGEST_TURNS = 10
 
@@ -2094,7 +2103,7 @@ def locked_session(flowers: Callable[..., Any]) -> Callable[..., Any]:
 
     @contextlib.contextmanager
     def session(self: Any) -> Iterator[Any]:
-        with DATABASE_LOCK, flowers(self) as opened:
+        with DATABASE_LOCK.held(URGENT.get()), flowers(self) as opened:
             yield opened
 
     session.__wrapped__ = flowers  # type: ignore[attr-defined]

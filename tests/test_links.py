@@ -861,6 +861,14 @@ class _Http:
     """Stands for an ``httpx.Client`` (a key of POLL_ALIVE)."""
 
 
+def _answered(alive: Any, interval: float, sent: float, held: float = 0.0, ok: bool = True) -> None:
+    """A held poll declaring ``interval``, sent at ``sent`` and answered (``ok``: 2xx
+    after ``held`` seconds; else failed), noted in ``alive`` (a PollAlive)."""
+    poll = object()
+    alive.sending(poll, interval, sent)
+    alive.ended(poll, ok, held)
+
+
 def test_a_recent_held_poll_stands_for_its_own_clients_heartbeat(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -876,9 +884,7 @@ def test_a_recent_held_poll_stands_for_its_own_clients_heartbeat(
     recent, old, unknown = _node(_Http()), _node(_Http()), object()
     now = time.monotonic()
     for fleet, at in ((recent, now - 1.0), (old, now - 30.0)):
-        poll = object()
-        sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, at)
-        sn.POLL_ALIVE[fleet._client].ended(poll, True)
+        _answered(sn.POLL_ALIVE[fleet._client], 30.0, at)
     wait = first_wait(senders(_beat_for(recent, beats)))
     assert beats == []
     # until the poll's time + Flower's wait for its interval: (30 - 5) x (0.8 +- 0.1) - 1,
@@ -907,9 +913,7 @@ def test_a_poll_in_flight_stands_for_a_heartbeat_only_as_far_as_the_last_known_o
         alive = sn.POLL_ALIVE[fleet._client]
         now = time.monotonic()
         if answered_ago is not None:
-            earlier = object()
-            alive.sending(earlier, 30.0, now - answered_ago)
-            alive.ended(earlier, True)
+            _answered(alive, 30.0, now - answered_ago)
         alive.sending(object(), 30.0, now - 1.0)  # in flight
         before = len(beats)
         first_wait(senders(_beat_for(fleet, beats)))
@@ -935,9 +939,7 @@ def test_the_latest_acknowledgement_sets_when_the_heartbeat_is_due(
     now = time.monotonic()
     fleet = _node(_Http())
     alive = sn.POLL_ALIVE[fleet._client]
-    poll = object()
-    alive.sending(poll, 90.0, now - 10.0)
-    alive.ended(poll, True)
+    _answered(alive, 90.0, now - 10.0)
     sender = senders(_beat_for(fleet, beats))
     sender.beat = (now - 5.0, 30.0)
     assert 0 < first_wait(sender) <= 0.9 * 25 - 5.0 and beats == []
@@ -964,17 +966,13 @@ def test_polls_held_back_to_back_leave_no_heartbeat_to_send(
     now = time.monotonic()
     fleet = _node(_Http())
     alive = sn.POLL_ALIVE[fleet._client]
-    poll = object()
-    alive.sending(poll, 30.0, now - 60.0)
-    alive.ended(poll, True, 59.0)
+    _answered(alive, 30.0, now - 60.0, held=59.0)
     first_wait(senders(_beat_for(fleet, beats)))
     assert beats == []
     for answered_ago, skipped in ((41.0, True), (55.0, False)):
         fleet = _node(_Http())
         alive = sn.POLL_ALIVE[fleet._client]
-        earlier = object()
-        alive.sending(earlier, 30.0, now - answered_ago - 45.0)
-        alive.ended(earlier, True, 45.0)
+        _answered(alive, 30.0, now - answered_ago - 45.0, held=45.0)
         alive.sending(object(), 30.0, now - 40.0)  # in flight, beyond its own wait
         before = len(beats)
         first_wait(senders(_beat_for(fleet, beats)))
@@ -993,9 +991,7 @@ def test_without_a_standing_poll_the_heartbeat_is_sent(
         monkeypatch.setenv("FEDHET_POLL_HEARTBEATS", "0")
     senders, beats = _heartbeat_senders(monkeypatch, polls=None)
     fleet = _node(_Http())
-    poll = object()
-    sn.POLL_ALIVE[fleet._client].sending(poll, 30.0, time.monotonic() - 1.0)
-    sn.POLL_ALIVE[fleet._client].ended(poll, how != "failed")
+    _answered(sn.POLL_ALIVE[fleet._client], 30.0, time.monotonic() - 1.0, ok=how != "failed")
     wait = first_wait(senders(_beat_for(fleet, beats)))
     assert beats == [fleet] and 0.7 * 25 <= wait <= 0.9 * 25
     assert (sn.AliveInterval.declared is None) is (how == "switched-off")

@@ -586,22 +586,32 @@ def _queue_at(lock: sl.TurnLock, who: list[tuple[str, bool]]) -> list[str]:
     return order
 
 
-def test_the_database_lock_is_taken_in_turns_urgent_requests_first() -> None:
+def test_the_database_lock_is_taken_in_turns_urgent_requests_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Part superlink-urgent-first at the database: the lock goes to the thread that
     waited longest, and an urgent one (a heartbeat) goes before them all; the holder
-    may take it again (a nested session)."""
+    may take it again (a nested session); a session asks as URGENT says."""
     lock = sl.TurnLock()
     who = [("a", False), ("b", False), ("beat", True), ("c", False), ("beat2", True)]
     assert _queue_at(lock, who) == ["beat", "beat2", "a", "b", "c"]
     with lock.held(), lock.held():  # re-entrant
         pass
     assert lock._owner is None and lock._depth == 0
+    import contextlib
     import contextvars
     import threading
 
-    def urgent_turn() -> None:  # `with lock` (a session) asks as URGENT says
+    @contextlib.contextmanager
+    def flowers(state: Any) -> Any:  # stands for Flower's session
+        yield None
+
+    monkeypatch.setattr(sl, "DATABASE_LOCK", lock)
+    session = sl.locked_session(flowers)
+
+    def urgent_turn() -> None:
         sl.URGENT.set(True)
-        with lock:
+        with session(None):
             pass
 
     lock.acquire()
@@ -746,22 +756,24 @@ def test_a_heartbeat_never_shortens_the_window_an_earlier_one_granted(
     acknowledgement is what writes it (the node is unknown: False, as Flower's)."""
     if where == "memory":
         state, nodes = states[0], states[3]
+        online_until, wrap = sl.memory_online_until, sl.kept_window(sl.memory_online_until)
     else:
         state, nodes, *_ = _database(tmp_path / "state.db", indexed=False)
-    cls = type(state)
-    flowers = cls.__dict__["acknowledge_node_heartbeat"]
+        online_until = sl.database_online_until
+        wrap = sl.kept_window(online_until, lambda state: state.session())
+    flowers = type(state).__dict__["acknowledge_node_heartbeat"]
     flowers = getattr(flowers, "__wrapped__", flowers)
-    ours = sl.kept_window(flowers)
+    ours = wrap(flowers)
     node = nodes[0]
     assert ours(state, node, 60.0)
-    granted = sl.online_until(state, node)
+    granted = online_until(state, node)
     assert granted is not None and abs(granted - (time.time() + 120.0)) < 2.0
     assert ours(state, node, 30.0)
-    assert abs(sl.online_until(state, node) - granted) < 1.0  # kept
+    assert abs(online_until(state, node) - granted) < 1.0  # kept
     assert ours(state, node, 90.0)
-    assert abs(sl.online_until(state, node) - (time.time() + 180.0)) < 2.0  # extended
+    assert abs(online_until(state, node) - (time.time() + 180.0)) < 2.0  # extended
     assert flowers(state, node, 30.0)  # Flower's own: cut to 60 s from now
-    assert abs(sl.online_until(state, node) - (time.time() + 60.0)) < 2.0
+    assert abs(online_until(state, node) - (time.time() + 60.0)) < 2.0
     assert not ours(state, 12345, 30.0)
 
 
